@@ -1,0 +1,385 @@
+/*
+ * tcc._native -- read and write the interpreter frame of a suspended
+ * generator or coroutine.
+ *
+ * This module is deliberately small.  It knows nothing about pickling,
+ * fingerprints or stores: it turns a generator's frame into plain Python
+ * values (read_frame) and writes such values into the frame of a *fresh*
+ * generator made from the same code object (write_frame).  Everything that
+ * decides whether a record may be trusted lives in Python
+ * (tcc.capture); everything that could corrupt interpreter memory is checked
+ * here again, in C, immediately before the write, because this is the last
+ * line of defence and must hold even if the Python layer has a bug.
+ *
+ * Versions: CPython 3.11, 3.12, 3.13.  Every version difference is a macro in
+ * tcc_compat.h; this file should read the same on all three.
+ *
+ * A "record" is, for one frame:
+ *   state      TCC_CREATED / TCC_SUSPENDED (and, from read_frame only,
+ *              TCC_RUNNING / TCC_FINISHED, which cannot be written)
+ *   offset     index (in code units) of the YIELD_VALUE the frame is
+ *              suspended at, or -1 for a frame that has not started
+ *   slots      tuple: localsplus[0:stacktop] -- locals, cells, free
+ *              variables, then the value stack.  A C NULL in a slot is a
+ *              legal, meaningful value (unbound local, the NULL that
+ *              method calls push) and is represented by the caller's
+ *              `null` marker object, never by None.
+ *   exc        the generator's saved exception state (gi_exc_state.exc_value):
+ *              the exception being handled when the frame was suspended in
+ *              an `except` block.  NULL is again the `null` marker.
+ *   func       the function object the frame runs (read only).
+ */
+#include "tcc_compat.h"
+
+/* Normalised states, shared with tcc/capture/_frames.py. */
+enum {
+    TCC_CREATED = 0,
+    TCC_SUSPENDED = 1,
+    TCC_RUNNING = 2,
+    TCC_FINISHED = 3,
+};
+
+static int
+is_generator_like(PyObject *obj)
+{
+    /* Exact types only: a subclass could not exist (these types are final),
+     * but a foreign object that merely looks like a generator must never be
+     * cast to PyGenObject. */
+    return PyGen_CheckExact(obj) || PyCoro_CheckExact(obj);
+}
+
+static _PyInterpreterFrame *
+gen_frame(PyGenObject *gen)
+{
+    return (_PyInterpreterFrame *)gen->gi_iframe;
+}
+
+/* ------------------------------------------------------------------------ */
+/* read_frame(gen, null) -> (state, offset, slots, exc, func)                 */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *
+tcc_read_frame(PyObject *module, PyObject *args)
+{
+    PyObject *obj, *null_marker;
+    if (!PyArg_ParseTuple(args, "OO:read_frame", &obj, &null_marker)) {
+        return NULL;
+    }
+    if (!is_generator_like(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "read_frame() expects a generator or coroutine, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyGenObject *gen = (PyGenObject *)obj;
+    int state = gen->gi_frame_state;
+
+    if (state >= FRAME_COMPLETED) {
+        /* The frame has been cleared: nothing in it may be read. */
+        return Py_BuildValue("(iiOOO)", TCC_FINISHED, -1, Py_None, Py_None,
+                             Py_None);
+    }
+    if (state == FRAME_EXECUTING) {
+        /* A running frame's stack pointer lives in a C local of the eval
+         * loop, so `stacktop` is stale: reading it would be a lie. */
+        return Py_BuildValue("(iiOOO)", TCC_RUNNING, -1, Py_None, Py_None,
+                             Py_None);
+    }
+
+    _PyInterpreterFrame *f = gen_frame(gen);
+    PyCodeObject *co = TCC_FRAME_CODE(f);
+    int nlocalsplus = co->co_nlocalsplus;
+    int top = f->stacktop;
+    if (top < nlocalsplus || top > nlocalsplus + co->co_stacksize) {
+        PyErr_Format(PyExc_SystemError,
+                     "tcc: frame of %U has stack top %d outside [%d, %d]; "
+                     "please report this",
+                     co->co_qualname, top, nlocalsplus,
+                     nlocalsplus + co->co_stacksize);
+        return NULL;
+    }
+
+    int out_state, offset;
+    if (state == FRAME_CREATED) {
+        out_state = TCC_CREATED;
+        offset = -1;
+    }
+    else if (TCC_IS_SUSPENDED(state)) {
+        out_state = TCC_SUSPENDED;
+        Py_ssize_t idx = TCC_FRAME_INSTR(f) - _PyCode_CODE(co)
+                         - TCC_SUSPEND_ADJUST;
+        if (idx < 0 || idx >= Py_SIZE(co)) {
+            PyErr_Format(PyExc_SystemError,
+                         "tcc: suspended frame of %U points outside its code; "
+                         "please report this", co->co_qualname);
+            return NULL;
+        }
+        offset = (int)idx;
+    }
+    else {
+        PyErr_Format(PyExc_SystemError,
+                     "tcc: unknown generator frame state %d; please report this",
+                     state);
+        return NULL;
+    }
+
+    PyObject *slots = PyTuple_New(top);
+    if (slots == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < top; i++) {
+        PyObject *v = f->localsplus[i];
+        PyTuple_SET_ITEM(slots, i, Py_NewRef(v != NULL ? v : null_marker));
+    }
+    PyObject *exc = gen->gi_exc_state.exc_value;
+    PyObject *func = TCC_FRAME_FUNC(f);
+    PyObject *result = Py_BuildValue(
+        "(iiNOO)", out_state, offset, slots,
+        exc != NULL ? exc : null_marker,
+        func != NULL ? func : Py_None);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* write_frame(gen, code, state, offset, slots, exc, null) -> None            */
+/* ------------------------------------------------------------------------ */
+
+/* Check that `offset` names a YIELD_VALUE followed by a RESUME in the
+ * de-specialised bytecode of `co`, and say whether that suspension point is
+ * inside `yield from` / `await` (then the delegate iterator must be on top of
+ * the value stack, because gen.send()/throw()/close() read it from there).
+ *
+ * We read PyCode_GetCode() rather than the live code array: the live array
+ * may hold specialised or instrumented opcodes (sys.monitoring, 3.12+), the
+ * de-specialised copy holds the canonical ones.  In that copy every code unit
+ * is either an instruction or an inline-cache unit whose opcode byte is
+ * CACHE (0), so a unit whose opcode byte is YIELD_VALUE is a real
+ * YIELD_VALUE instruction -- it cannot be a stray argument byte.
+ *
+ * Returns 1 (yield-from point), 0 (plain yield) or -1 with an exception set.
+ * On 3.13 *frame_state receives the exact FRAME_SUSPENDED* value to store. */
+static int
+check_suspension_point(PyCodeObject *co, int offset, int *frame_state)
+{
+    PyObject *raw = PyCode_GetCode(co);
+    if (raw == NULL) {
+        return -1;
+    }
+    Py_ssize_t nunits = PyBytes_GET_SIZE(raw) / 2;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(raw);
+    int result = -1;
+
+    if (offset < 0 || offset + 1 >= nunits) {
+        PyErr_Format(PyExc_ValueError,
+                     "offset %d is outside the code of %U (%zd code units)",
+                     offset, co->co_qualname, nunits);
+        goto done;
+    }
+    int op = b[2 * offset], arg = b[2 * offset + 1];
+    int next_op = b[2 * offset + 2], next_arg = b[2 * offset + 3];
+    if (op != YIELD_VALUE || next_op != RESUME) {
+        PyErr_Format(PyExc_ValueError,
+                     "offset %d of %U is not a suspension point "
+                     "(opcode %d, expected YIELD_VALUE followed by RESUME)",
+                     offset, co->co_qualname, op);
+        goto done;
+    }
+#if TCC_PY313
+    if (arg != 0 && arg != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "YIELD_VALUE at offset %d of %U has oparg %d",
+                     offset, co->co_qualname, arg);
+        goto done;
+    }
+    *frame_state = FRAME_SUSPENDED + arg;
+    result = arg;
+    (void)next_arg;
+#else
+    (void)arg;
+    *frame_state = FRAME_SUSPENDED;
+    result = next_arg >= 2;
+#endif
+done:
+    Py_DECREF(raw);
+    return result;
+}
+
+static PyObject *
+tcc_write_frame(PyObject *module, PyObject *args)
+{
+    PyObject *obj, *code, *slots, *exc, *null_marker;
+    int state, offset;
+    if (!PyArg_ParseTuple(args, "OO!iiO!OO:write_frame", &obj,
+                          &PyCode_Type, &code, &state, &offset,
+                          &PyTuple_Type, &slots, &exc, &null_marker)) {
+        return NULL;
+    }
+
+    /* ---- validate everything; touch nothing ---------------------------- */
+    if (!is_generator_like(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "write_frame() expects a generator or coroutine, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyGenObject *gen = (PyGenObject *)obj;
+    if (gen->gi_frame_state != FRAME_CREATED) {
+        PyErr_SetString(PyExc_ValueError,
+                        "target generator is not fresh: it has already started "
+                        "or finished");
+        return NULL;
+    }
+    _PyInterpreterFrame *f = gen_frame(gen);
+    PyCodeObject *co = TCC_FRAME_CODE(f);
+    if ((PyObject *)co != code) {
+        PyErr_Format(PyExc_ValueError,
+                     "target generator runs %U, not the code of the record",
+                     co->co_qualname);
+        return NULL;
+    }
+
+    Py_ssize_t n = PyTuple_GET_SIZE(slots);
+    int nlocalsplus = co->co_nlocalsplus;
+    if (n < nlocalsplus || n > (Py_ssize_t)nlocalsplus + co->co_stacksize) {
+        PyErr_Format(PyExc_ValueError,
+                     "record of %U has %zd slots; the code needs between %d "
+                     "and %d", co->co_qualname, n, nlocalsplus,
+                     nlocalsplus + co->co_stacksize);
+        return NULL;
+    }
+
+    int new_frame_state;
+    if (state == TCC_CREATED) {
+        if (offset != -1 || n != f->stacktop) {
+            PyErr_Format(PyExc_ValueError,
+                         "record of unstarted %U must have offset -1 and %d "
+                         "slots", co->co_qualname, f->stacktop);
+            return NULL;
+        }
+        new_frame_state = FRAME_CREATED;
+    }
+    else if (state == TCC_SUSPENDED) {
+        int yf = check_suspension_point(co, offset, &new_frame_state);
+        if (yf < 0) {
+            return NULL;
+        }
+        if (yf && n <= nlocalsplus) {
+            PyErr_Format(PyExc_ValueError,
+                         "record of %U is suspended in 'yield from'/'await' at "
+                         "offset %d but its value stack is empty",
+                         co->co_qualname, offset);
+            return NULL;
+        }
+    }
+    else {
+        PyErr_Format(PyExc_ValueError, "state %d cannot be written", state);
+        return NULL;
+    }
+
+    /* Cell and free-variable slots are dereferenced without a type check by
+     * LOAD_DEREF / STORE_DEREF, so they must hold real cell objects.  The
+     * prologue (MAKE_CELL, COPY_FREE_VARS) runs before RETURN_GENERATOR, so
+     * this holds for unstarted frames too. */
+    const unsigned char *kinds =
+        (const unsigned char *)PyBytes_AS_STRING(co->co_localspluskinds);
+    for (int i = 0; i < nlocalsplus; i++) {
+        if (kinds[i] & (CO_FAST_CELL | CO_FAST_FREE)) {
+            PyObject *v = PyTuple_GET_ITEM(slots, i);
+            if (!PyCell_Check(v)) {
+                PyObject *name = PyTuple_GetItem(co->co_localsplusnames, i);
+                PyErr_Format(PyExc_ValueError,
+                             "slot %d (%R) of %U must hold a cell, not %.100s",
+                             i, name, co->co_qualname,
+                             v == null_marker ? "NULL" : Py_TYPE(v)->tp_name);
+                return NULL;
+            }
+        }
+    }
+
+    if (exc == null_marker) {
+        exc = NULL;
+    }
+    else if (exc != Py_None && !PyExceptionInstance_Check(exc)) {
+        PyErr_Format(PyExc_TypeError,
+                     "saved exception state of %U must be an exception or "
+                     "None, not %.100s", co->co_qualname, Py_TYPE(exc)->tp_name);
+        return NULL;
+    }
+
+    /* ---- write ---------------------------------------------------------- *
+     * Old slot values are released only after the frame is consistent again:
+     * a decref can run arbitrary Python code (__del__, weakref callbacks). */
+    int old_top = f->stacktop;
+    PyObject *old = PyTuple_New(old_top);
+    if (old == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < old_top; i++) {
+        PyObject *v = f->localsplus[i];
+        /* The tuple takes over the frame's reference (NULL slots stay
+         * NULL, which tuple deallocation tolerates). */
+        PyTuple_SET_ITEM(old, i, v);
+        f->localsplus[i] = NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(slots, i);
+        f->localsplus[i] = (v == null_marker) ? NULL : Py_NewRef(v);
+    }
+    f->stacktop = (int)n;
+    if (state == TCC_SUSPENDED) {
+        TCC_FRAME_INSTR(f) = _PyCode_CODE(co) + offset + TCC_SUSPEND_ADJUST;
+    }
+    gen->gi_frame_state = (int8_t)new_frame_state;
+    PyObject *old_exc = gen->gi_exc_state.exc_value;
+    gen->gi_exc_state.exc_value = Py_XNewRef(exc);
+
+    Py_XDECREF(old_exc);
+    Py_DECREF(old);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static PyMethodDef tcc_methods[] = {
+    {"read_frame", tcc_read_frame, METH_VARARGS,
+     "read_frame(gen, null) -> (state, offset, slots, exc, func)\n\n"
+     "Read the frame of a generator or coroutine without disturbing it."},
+    {"write_frame", tcc_write_frame, METH_VARARGS,
+     "write_frame(gen, code, state, offset, slots, exc, null) -> None\n\n"
+     "Validate a frame record, then write it into a fresh generator."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+tcc_exec(PyObject *m)
+{
+    if (PyModule_AddIntConstant(m, "CREATED", TCC_CREATED) < 0 ||
+        PyModule_AddIntConstant(m, "SUSPENDED", TCC_SUSPENDED) < 0 ||
+        PyModule_AddIntConstant(m, "RUNNING", TCC_RUNNING) < 0 ||
+        PyModule_AddIntConstant(m, "FINISHED", TCC_FINISHED) < 0) {
+        return -1;
+    }
+    /* The interpreter this was compiled for; checked at import so that a
+     * module built for 3.12.0 never runs inside 3.12.x with another ABI. */
+    return PyModule_AddStringConstant(m, "BUILT_FOR", PY_VERSION);
+}
+
+static PyModuleDef_Slot tcc_slots[] = {
+    {Py_mod_exec, tcc_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef tcc_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "tcc._native",
+    .m_doc = "Read and write suspended generator/coroutine frames.",
+    .m_size = 0,
+    .m_methods = tcc_methods,
+    .m_slots = tcc_slots,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    return PyModuleDef_Init(&tcc_module);
+}
