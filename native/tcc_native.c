@@ -204,30 +204,26 @@ done:
     return result;
 }
 
-static PyObject *
-tcc_write_frame(PyObject *module, PyObject *args)
+/* Validate a record against a target generator without touching it.
+ * On success returns 0 and stores the frame state to write; on failure
+ * returns -1 with an exception set. */
+static int
+validate_record(PyObject *obj, PyObject *code, int state, int offset,
+                PyObject *slots, PyObject **exc_inout, PyObject *null_marker,
+                int *new_frame_state)
 {
-    PyObject *obj, *code, *slots, *exc, *null_marker;
-    int state, offset;
-    if (!PyArg_ParseTuple(args, "OO!iiO!OO:write_frame", &obj,
-                          &PyCode_Type, &code, &state, &offset,
-                          &PyTuple_Type, &slots, &exc, &null_marker)) {
-        return NULL;
-    }
-
-    /* ---- validate everything; touch nothing ---------------------------- */
     if (!is_generator_like(obj)) {
         PyErr_Format(PyExc_TypeError,
                      "write_frame() expects a generator or coroutine, not %.100s",
                      Py_TYPE(obj)->tp_name);
-        return NULL;
+        return -1;
     }
     PyGenObject *gen = (PyGenObject *)obj;
     if (gen->gi_frame_state != FRAME_CREATED) {
         PyErr_SetString(PyExc_ValueError,
                         "target generator is not fresh: it has already started "
                         "or finished");
-        return NULL;
+        return -1;
     }
     _PyInterpreterFrame *f = gen_frame(gen);
     PyCodeObject *co = TCC_FRAME_CODE(f);
@@ -235,7 +231,7 @@ tcc_write_frame(PyObject *module, PyObject *args)
         PyErr_Format(PyExc_ValueError,
                      "target generator runs %U, not the code of the record",
                      co->co_qualname);
-        return NULL;
+        return -1;
     }
 
     Py_ssize_t n = PyTuple_GET_SIZE(slots);
@@ -245,35 +241,34 @@ tcc_write_frame(PyObject *module, PyObject *args)
                      "record of %U has %zd slots; the code needs between %d "
                      "and %d", co->co_qualname, n, nlocalsplus,
                      nlocalsplus + co->co_stacksize);
-        return NULL;
+        return -1;
     }
 
-    int new_frame_state;
     if (state == TCC_CREATED) {
         if (offset != -1 || n != f->stacktop) {
             PyErr_Format(PyExc_ValueError,
                          "record of unstarted %U must have offset -1 and %d "
                          "slots", co->co_qualname, f->stacktop);
-            return NULL;
+            return -1;
         }
-        new_frame_state = FRAME_CREATED;
+        *new_frame_state = FRAME_CREATED;
     }
     else if (state == TCC_SUSPENDED) {
-        int yf = check_suspension_point(co, offset, &new_frame_state);
+        int yf = check_suspension_point(co, offset, new_frame_state);
         if (yf < 0) {
-            return NULL;
+            return -1;
         }
         if (yf && n <= nlocalsplus) {
             PyErr_Format(PyExc_ValueError,
                          "record of %U is suspended in 'yield from'/'await' at "
                          "offset %d but its value stack is empty",
                          co->co_qualname, offset);
-            return NULL;
+            return -1;
         }
     }
     else {
         PyErr_Format(PyExc_ValueError, "state %d cannot be written", state);
-        return NULL;
+        return -1;
     }
 
     /* Cell and free-variable slots are dereferenced without a type check by
@@ -291,20 +286,64 @@ tcc_write_frame(PyObject *module, PyObject *args)
                              "slot %d (%R) of %U must hold a cell, not %.100s",
                              i, name, co->co_qualname,
                              v == null_marker ? "NULL" : Py_TYPE(v)->tp_name);
-                return NULL;
+                return -1;
             }
         }
     }
 
+    PyObject *exc = *exc_inout;
     if (exc == null_marker) {
-        exc = NULL;
+        *exc_inout = NULL;
     }
     else if (exc != Py_None && !PyExceptionInstance_Check(exc)) {
         PyErr_Format(PyExc_TypeError,
                      "saved exception state of %U must be an exception or "
                      "None, not %.100s", co->co_qualname, Py_TYPE(exc)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+#define RECORD_ARGS_FORMAT "OO!iiO!OO"
+
+static PyObject *
+tcc_check_frame(PyObject *module, PyObject *args)
+{
+    PyObject *obj, *code, *slots, *exc, *null_marker;
+    int state, offset, new_frame_state;
+    if (!PyArg_ParseTuple(args, RECORD_ARGS_FORMAT ":check_frame", &obj,
+                          &PyCode_Type, &code, &state, &offset,
+                          &PyTuple_Type, &slots, &exc, &null_marker)) {
         return NULL;
     }
+    if (validate_record(obj, code, state, offset, slots, &exc, null_marker,
+                        &new_frame_state) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tcc_write_frame(PyObject *module, PyObject *args)
+{
+    PyObject *obj, *code, *slots, *exc, *null_marker;
+    int state, offset, new_frame_state;
+    if (!PyArg_ParseTuple(args, RECORD_ARGS_FORMAT ":write_frame", &obj,
+                          &PyCode_Type, &code, &state, &offset,
+                          &PyTuple_Type, &slots, &exc, &null_marker)) {
+        return NULL;
+    }
+    /* Validation is repeated here even when the caller ran check_frame():
+     * it is cheap, and it is the only thing standing between a bad record
+     * and interpreter memory. */
+    if (validate_record(obj, code, state, offset, slots, &exc, null_marker,
+                        &new_frame_state) < 0) {
+        return NULL;
+    }
+    PyGenObject *gen = (PyGenObject *)obj;
+    _PyInterpreterFrame *f = gen_frame(gen);
+    PyCodeObject *co = TCC_FRAME_CODE(f);
+    Py_ssize_t n = PyTuple_GET_SIZE(slots);
 
     /* ---- write ---------------------------------------------------------- *
      * Old slot values are released only after the frame is consistent again:
@@ -344,6 +383,9 @@ static PyMethodDef tcc_methods[] = {
     {"read_frame", tcc_read_frame, METH_VARARGS,
      "read_frame(gen, null) -> (state, offset, slots, exc, func)\n\n"
      "Read the frame of a generator or coroutine without disturbing it."},
+    {"check_frame", tcc_check_frame, METH_VARARGS,
+     "check_frame(gen, code, state, offset, slots, exc, null) -> None\n\n"
+     "Validate a frame record against a fresh generator; write nothing."},
     {"write_frame", tcc_write_frame, METH_VARARGS,
      "write_frame(gen, code, state, offset, slots, exc, null) -> None\n\n"
      "Validate a frame record, then write it into a fresh generator."},

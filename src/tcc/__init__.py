@@ -1,0 +1,30 @@
+"""tcc: transparent continuation checkpointing for async Python.
+
+Capture the live chain of suspended coroutine and generator frames of an
+ordinary ``async def`` program, store it, and resume it -- in another
+process, after a crash -- at the exact instruction where it stopped.
+"""
+
+from ._version import __version__ as __version__
+from .capture import dumps as dumps
+from .capture import loads as loads
+from .capture import register_reducer as register_reducer
+from .errors import CaptureError as CaptureError
+from .errors import CodeChangedError as CodeChangedError
+from .errors import CorruptSnapshotError as CorruptSnapshotError
+from .errors import IncompatibleSnapshotError as IncompatibleSnapshotError
+from .errors import RestoreError as RestoreError
+from .errors import TccError as TccError
+
+__all__ = [
+    "CaptureError",
+    "CodeChangedError",
+    "CorruptSnapshotError",
+    "IncompatibleSnapshotError",
+    "RestoreError",
+    "TccError",
+    "__version__",
+    "dumps",
+    "loads",
+    "register_reducer",
+]

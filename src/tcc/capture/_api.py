@@ -1,0 +1,135 @@
+"""``dumps`` / ``loads``: object graphs with live continuations <-> bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import sys
+from typing import Any, Iterator
+
+from .. import errors
+from . import _blob, _diagnose, _frames, _records
+from ._pickler import Pickler
+
+PROTOCOL = 5
+
+# Each generator frame costs three nested pickle levels (generator, record,
+# slots); 200-deep await chains need more than the default limit of 1000.
+_RECURSION_FLOOR = 6000
+
+
+@contextlib.contextmanager
+def _deep_recursion() -> Iterator[None]:
+    old = sys.getrecursionlimit()
+    if old < _RECURSION_FLOOR:
+        sys.setrecursionlimit(_RECURSION_FLOOR)
+    try:
+        yield
+    finally:
+        if old < _RECURSION_FLOOR:
+            sys.setrecursionlimit(old)
+
+
+def _new_pickler(buf: io.BytesIO) -> Pickler:
+    return Pickler(buf, protocol=PROTOCOL)
+
+
+def dump_payload(obj: Any) -> bytes:
+    """Pickle ``obj`` (uncompressed, no envelope). Raises CaptureError."""
+    buf = io.BytesIO()
+    try:
+        with _deep_recursion():
+            _new_pickler(buf).dump(obj)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
+        with _deep_recursion():
+            message = _diagnose.explain(obj, exc, _new_pickler)
+        raise errors.CaptureError(message) from exc
+    return buf.getvalue()
+
+
+def _write_frames(pending: list[tuple[Any, tuple[Any, ...]]]) -> None:
+    native = _frames.native()
+    checked = []
+    for gen, record in pending:
+        if not (isinstance(record, tuple) and len(record) == 7 and record[0] == 1):
+            raise errors.CorruptSnapshotError(f"malformed frame record for {gen.__qualname__}")
+        _version, state, offset, slots, exc, name, qualname = record
+        code = _frames.code_of(gen)
+        args = (gen, code, state, offset, slots, exc, _records.NULL)
+        try:
+            native.check_frame(*args)
+        except (TypeError, ValueError, OverflowError) as exc_:
+            raise errors.CorruptSnapshotError(
+                f"invalid frame record for {code.co_qualname}() "
+                f"({code.co_filename}:{code.co_firstlineno}): {exc_}"
+            ) from None
+        checked.append((args, name, qualname))
+    # Every record is valid: only now is any frame written.
+    for args, name, qualname in checked:
+        native.write_frame(*args)
+        gen = args[0]
+        if gen.__name__ != name:
+            gen.__name__ = name
+        if gen.__qualname__ != qualname:
+            gen.__qualname__ = qualname
+
+
+def _discard_fresh() -> None:
+    """Close fresh generators that were never written.
+
+    An unwritten coroutine would otherwise warn "never awaited" when it is
+    collected; closing an unstarted generator runs no user code.
+    """
+    if not _frames.available():
+        return
+    native = _frames.native()
+    for gen in _records.LOAD.fresh:
+        if native.read_frame(gen, _records.NULL)[0] == _frames.CREATED:
+            gen.close()
+
+
+def load_payload(payload: bytes) -> Any:
+    """Unpickle a payload made by :func:`dump_payload` and resume its frames."""
+    saved = (_records.LOAD.pending, _records.LOAD.fresh)
+    _records.LOAD.pending, _records.LOAD.fresh = [], []
+    try:
+        try:
+            obj = pickle.loads(payload)
+        except errors.TccError:
+            raise
+        except (ImportError, AttributeError) as exc:
+            raise errors.IncompatibleSnapshotError(
+                f"snapshot refers to something that cannot be found here: {exc}"
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - anything else means damage
+            raise errors.CorruptSnapshotError(
+                f"snapshot does not unpickle: {type(exc).__name__}: {exc}"
+            ) from exc
+        _write_frames(_records.LOAD.pending)
+    except BaseException:
+        _discard_fresh()
+        raise
+    finally:
+        _records.LOAD.pending, _records.LOAD.fresh = saved
+    return obj
+
+
+def dumps(obj: Any, *, level: int = 3) -> bytes:
+    """Capture ``obj``, including every suspended generator/coroutine in it.
+
+    Returns a self-describing blob (header, integrity digest, zstandard
+    payload). Raises :class:`tcc.CaptureError` naming the frame and variable
+    that hold anything that cannot be captured.
+    """
+    return _blob.seal(dump_payload(obj), level=level)
+
+
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """Rebuild what :func:`dumps` captured; continuations resume where they were.
+
+    Every call gives new, independent objects.  Raises
+    :class:`tcc.RestoreError` (corrupt or incompatible snapshot, changed code)
+    before any frame is written.
+    """
+    return load_payload(_blob.unseal(data))

@@ -1,0 +1,103 @@
+"""The snapshot envelope: header, integrity digest, zstandard payload.
+
+Layout (all integers big-endian)::
+
+    magic      4 bytes   b"TCC\\x00"
+    version    u16       FORMAT_VERSION
+    taglen     u8        length of the interpreter tag
+    tag        taglen    e.g. b"cpython-312|cb0d0d0a|O0"
+    flags      u8        bit 0: payload is zstandard-compressed
+    digest     16 bytes  BLAKE2b-128 of the payload bytes as stored
+    payload    rest      the pickle (compressed if flag bit 0)
+
+The digest is checked before decompression and before anything is unpickled,
+so a damaged blob is always refused and never reaches the pickle machine.  It
+is an integrity check, not authentication: the store adds a keyed MAC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import struct
+import sys
+
+import zstandard
+
+from .. import errors
+
+MAGIC = b"TCC\x00"
+FORMAT_VERSION = 1
+FLAG_ZSTD = 0x01
+_FIXED = struct.Struct(">4sHB")
+_DIGEST = 16
+
+
+def interpreter_tag() -> bytes:
+    """What an instruction offset depends on besides the code itself."""
+    impl = sys.implementation.cache_tag or sys.implementation.name
+    magic = importlib.util.MAGIC_NUMBER.hex()
+    return f"{impl}|{magic}|O{sys.flags.optimize}".encode()
+
+
+_TAG = interpreter_tag()
+_cctx: dict[int, zstandard.ZstdCompressor] = {}
+_dctx = zstandard.ZstdDecompressor()
+
+
+def seal(payload: bytes, *, level: int = 3, compress: bool = True) -> bytes:
+    """Wrap a pickle payload into a snapshot blob."""
+    flags = 0
+    if compress:
+        cctx = _cctx.get(level)
+        if cctx is None:
+            cctx = _cctx[level] = zstandard.ZstdCompressor(level=level, write_checksum=True)
+        payload = cctx.compress(payload)
+        flags |= FLAG_ZSTD
+    digest = hashlib.blake2b(payload, digest_size=_DIGEST).digest()
+    return b"".join(
+        (_FIXED.pack(MAGIC, FORMAT_VERSION, len(_TAG)), _TAG, bytes((flags,)), digest, payload)
+    )
+
+
+def unseal(blob: bytes | bytearray | memoryview) -> bytes:
+    """Check a snapshot blob's envelope and return the pickle payload."""
+    view = memoryview(blob)
+    if len(view) < _FIXED.size:
+        raise errors.CorruptSnapshotError(
+            f"snapshot is truncated: {len(view)} bytes is shorter than its header"
+        )
+    magic, version, taglen = _FIXED.unpack_from(view)
+    if magic != MAGIC:
+        raise errors.CorruptSnapshotError(
+            f"not a tcc snapshot (magic {bytes(magic)!r}, expected {MAGIC!r})"
+        )
+    if version != FORMAT_VERSION:
+        raise errors.IncompatibleSnapshotError(
+            f"snapshot format version {version}, but this tcc reads version "
+            f"{FORMAT_VERSION}; use the tcc release that wrote it, or replay the run"
+        )
+    pos = _FIXED.size
+    end = pos + taglen + 1 + _DIGEST
+    if len(view) < end:
+        raise errors.CorruptSnapshotError("snapshot is truncated inside its header")
+    tag = bytes(view[pos : pos + taglen])
+    if tag != _TAG:
+        raise errors.IncompatibleSnapshotError(
+            f"snapshot was taken on interpreter {tag.decode(errors='replace')!r}, "
+            f"this is {_TAG.decode()!r}; frames can only resume on the interpreter "
+            "(version, bytecode magic, -O level) that captured them"
+        )
+    flags = view[pos + taglen]
+    digest = bytes(view[pos + taglen + 1 : end])
+    payload = view[end:]
+    if hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
+        raise errors.CorruptSnapshotError("snapshot payload fails its integrity check")
+    if flags & ~FLAG_ZSTD:
+        raise errors.CorruptSnapshotError(f"unknown snapshot flags 0x{flags:02x}")
+    if flags & FLAG_ZSTD:
+        try:
+            return _dctx.decompress(payload)
+        except zstandard.ZstdError as exc:
+            raise errors.CorruptSnapshotError(f"snapshot payload does not decompress: {exc}") from None
+    return bytes(payload)

@@ -1,0 +1,94 @@
+"""Thin Python face of ``tcc._native``: read a frame, make and fill fresh ones.
+
+The native module is optional at import time (tcc still installs without a
+compiler); anything that needs it raises a clear error through
+:func:`native`.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from .. import errors
+
+try:
+    from .. import _native as _native_mod
+except ImportError as exc:  # pragma: no cover - exercised on machines without gcc
+    _native_mod = None
+    _IMPORT_ERROR: ImportError | None = exc
+else:
+    _IMPORT_ERROR = None
+
+CREATED, SUSPENDED, RUNNING, FINISHED = 0, 1, 2, 3
+
+GENERATOR_TYPES = (types.GeneratorType, types.CoroutineType)
+
+
+def available() -> bool:
+    """Whether the native frame module is importable on this interpreter."""
+    return _native_mod is not None
+
+
+def native() -> Any:
+    if _native_mod is None:
+        raise errors.CaptureError(
+            "tcc._native is not available on this interpreter "
+            f"({_IMPORT_ERROR}); suspended generators and coroutines cannot be "
+            "captured. Reinstall tcc with a C compiler and Python headers present."
+        )
+    return _native_mod
+
+
+def code_of(gen: Any) -> types.CodeType:
+    code: types.CodeType = gen.gi_code if isinstance(gen, types.GeneratorType) else gen.cr_code
+    return code
+
+
+def fresh_generator(func: types.FunctionType) -> Any:
+    """Call a generator/coroutine function with placeholder arguments.
+
+    Calling it runs only the prologue (COPY_FREE_VARS, MAKE_CELL,
+    RETURN_GENERATOR), never user code, and gives an unstarted generator whose
+    frame has the right size and real cells; its slots are then overwritten
+    from the record.
+    """
+    code = func.__code__
+    npos = code.co_argcount
+    kwonly = code.co_varnames[npos : npos + code.co_kwonlyargcount]
+    gen = func(*([None] * npos), **dict.fromkeys(kwonly))
+    if not isinstance(gen, GENERATOR_TYPES):
+        raise errors.RestoreError(
+            f"{code.co_qualname}() ({code.co_filename}:{code.co_firstlineno}) no "
+            f"longer returns a generator or coroutine (got {type(gen).__name__})"
+        )
+    return gen
+
+
+def slot_names(code: types.CodeType) -> list[str]:
+    """Names of ``localsplus``: locals, then cell-only variables, then free ones."""
+    names = list(code.co_varnames)
+    names += [c for c in code.co_cellvars if c not in code.co_varnames]
+    names += list(code.co_freevars)
+    return names
+
+
+def describe_slot(code: types.CodeType, index: int) -> str:
+    """'local x', 'cell c', 'free f' or 'stack[2]' for slot ``index``."""
+    names = slot_names(code)
+    if index < len(names):
+        name = names[index]
+        if name in code.co_freevars and index >= len(names) - len(code.co_freevars):
+            return f"free variable {name!r}"
+        if name in code.co_cellvars:
+            return f"cell variable {name!r}"
+        return f"local {name!r}"
+    return f"stack[{index - len(names)}]"
+
+
+def where(gen: Any) -> str:
+    """'qualname() line N (file:N)' for a generator, for error messages."""
+    code = code_of(gen)
+    frame = getattr(gen, "gi_frame", None) or getattr(gen, "cr_frame", None)
+    line = frame.f_lineno if frame is not None else code.co_firstlineno
+    return f"{code.co_qualname}() line {line} ({code.co_filename}:{line})"

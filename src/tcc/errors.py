@@ -1,0 +1,98 @@
+"""The whole tcc exception tree, and nothing else.
+
+Every error tcc raises on purpose derives from :class:`TccError`, and each also
+derives from the builtin exception that best describes it, so callers who do
+not know tcc can still catch it sensibly (a :class:`CaptureError` is a
+``TypeError`` like any other "cannot pickle" failure).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TccError",
+    "CaptureError",
+    "RestoreError",
+    "CorruptSnapshotError",
+    "IncompatibleSnapshotError",
+    "CodeChangedError",
+    "StoreError",
+    "StoreNotFoundError",
+    "StoreCorruptError",
+    "StoreFullError",
+    "FencedError",
+    "RunNotFoundError",
+    "ReplayDivergenceError",
+    "InternalError",
+]
+
+
+class TccError(Exception):
+    """Base class of every error raised by tcc on purpose."""
+
+
+# --------------------------------------------------------------------- capture
+
+
+class CaptureError(TccError, TypeError):
+    """An object graph could not be turned into a snapshot.
+
+    The message names the frame (function, file:line) and the path from that
+    frame's variable to the object that could not be captured.
+    """
+
+
+# --------------------------------------------------------------------- restore
+
+
+class RestoreError(TccError, ValueError):
+    """A snapshot could not be turned back into live objects."""
+
+
+class CorruptSnapshotError(RestoreError):
+    """The snapshot bytes are damaged: bad header, checksum or structure."""
+
+
+class IncompatibleSnapshotError(RestoreError):
+    """The snapshot is intact but was made by another interpreter or format."""
+
+
+class CodeChangedError(IncompatibleSnapshotError):
+    """A function's code differs from the code the snapshot was taken with."""
+
+
+# ----------------------------------------------------------------------- store
+
+
+class StoreError(TccError, OSError):
+    """A problem with the durable store; the message names the store path."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """No store exists at the given path."""
+
+
+class StoreCorruptError(StoreError):
+    """A stored record failed verification or the store files are foreign."""
+
+
+class StoreFullError(StoreError):
+    """The disk or the store's map is full; nothing committed was lost."""
+
+
+class FencedError(StoreError):
+    """This writer's epoch is stale: another process owns the run now."""
+
+
+class RunNotFoundError(StoreError, LookupError):
+    """No run with that id exists (for this tenant)."""
+
+
+# --------------------------------------------------------------------- runtime
+
+
+class ReplayDivergenceError(TccError, RuntimeError):
+    """Replayed code asked for a different effect than the journal holds."""
+
+
+class InternalError(TccError, RuntimeError):
+    """A bug in tcc itself. Please report it with the message."""

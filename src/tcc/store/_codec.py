@@ -1,0 +1,176 @@
+"""Key layout, the per-store secret, and authenticated record encoding.
+
+Key layout (all keys are bytes, well under LMDB's 511-byte limit)::
+
+    runs      tenant 0x00 run_id                      -> sealed run record
+    journal   tenant 0x00 run_id 0x00 seq(u64 BE)     -> sealed journal record
+    snaps     tenant 0x00 run_id 0x00 number(u64 BE)  -> sealed snapshot manifest
+    signals   tenant 0x00 run_id 0x00 name            -> sealed signal record
+    events    tenant 0x00 run_id 0x00 seq(u64 BE)     -> sealed event record
+    pins      tenant 0x00 run_id 0x00 number 0x00 holder_run_id -> b""
+    chunks    MAC(content) (32 bytes)                 -> codec byte + stored bytes
+    refs      MAC(content) (32 bytes)                 -> holder count (u32 LE)
+    meta      b"format"                               -> JSON store header
+
+Tenant, run ids and signal names never contain NUL (validated), so one run's
+keys are a contiguous range that never overlaps another run's or tenant's.
+
+A *sealed* record is ``MAC(16) | version(1) | header_len(u32 LE) | JSON header
+| blob bytes...``.  The MAC is keyed BLAKE2b over the database name, the key
+and the body, so a record moved to another key, run or tenant fails to verify
+just like a flipped bit.  Chunks are addressed by their keyed BLAKE2b-256, so
+the address itself authenticates the content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import struct
+from typing import Any
+
+__all__ = [
+    "SECRET_NAME",
+    "Corrupt",
+    "Sealer",
+    "check_name",
+    "load_or_create_secret",
+    "prefix",
+    "seq_key",
+    "u64",
+]
+
+SECRET_NAME = "secret"
+_VERSION = 1
+_MAC_LEN = 16
+_NAME_RE = re.compile(r"[A-Za-z0-9._:@+=-]{1,128}\Z")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct(">Q")
+
+
+class Corrupt(Exception):
+    """Internal: a record or chunk failed verification (mapped to StoreCorruptError)."""
+
+
+def check_name(kind: str, value: str) -> bytes:
+    """Validate a tenant/run/signal name and return it encoded."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: use 1-128 characters from A-Z a-z 0-9 . _ : @ + = -"
+        )
+    return value.encode("ascii")
+
+
+def u64(n: int) -> bytes:
+    """Big-endian u64, so byte order is numeric order."""
+    return _U64.pack(n)
+
+
+def prefix(tenant: bytes, run_id: bytes) -> bytes:
+    """The key prefix of everything a run owns in a per-run database."""
+    return tenant + b"\x00" + run_id + b"\x00"
+
+
+def seq_key(tenant: bytes, run_id: bytes, n: int) -> bytes:
+    """Key of the ``n``-th record of a run in a sequenced database."""
+    return prefix(tenant, run_id) + _U64.pack(n)
+
+
+def key_seq(key: bytes) -> int:
+    """The sequence number at the end of a sequenced key."""
+    return int(_U64.unpack_from(key, len(key) - 8)[0])
+
+
+def load_or_create_secret(directory: str, create: bool) -> bytes:
+    """Read the store secret, creating it atomically (0600) if allowed.
+
+    Concurrent creators race safely: each writes a private temp file and
+    hard-links it into place; the loser reads the winner's secret.
+    """
+    path = os.path.join(directory, SECRET_NAME)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if not create:
+            raise
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, os.urandom(32))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        with open(path, "rb") as f:
+            data = f.read()
+    if len(data) != 32:
+        raise Corrupt(f"secret file {path} has {len(data)} bytes, expected 32")
+    return data
+
+
+class Sealer:
+    """MACs records and chunk contents with the per-store secret."""
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def chunk_id(self, data: bytes | memoryview) -> bytes:
+        """Content address (and MAC) of a chunk: keyed BLAKE2b-256."""
+        return hashlib.blake2b(data, key=self._secret, digest_size=32, person=b"tcc-chunk").digest()
+
+    def check_tag(self, label: bytes) -> bytes:
+        """A MAC proving this secret belongs to this store (kept in ``meta``)."""
+        return hashlib.blake2b(label, key=self._secret, digest_size=16, person=b"tcc-check").digest()
+
+    def _mac(self, db: bytes, key: bytes, body: bytes) -> bytes:
+        h = hashlib.blake2b(key=self._secret, digest_size=_MAC_LEN, person=b"tcc-record")
+        h.update(_U32.pack(len(db)) + db + _U32.pack(len(key)) + key)
+        h.update(body)
+        return h.digest()
+
+    def seal(
+        self, db: bytes, key: bytes, header: dict[str, Any], blobs: dict[str, bytes] | None = None
+    ) -> bytes:
+        """Encode ``header`` (JSON) plus named opaque ``blobs`` and MAC it for (db, key)."""
+        parts: list[bytes] = []
+        if blobs:
+            lens: list[list[Any]] = []
+            for name, blob in blobs.items():
+                lens.append([name, len(blob)])
+                parts.append(bytes(blob))
+            header = {**header, "_b": lens}
+        hjson = json.dumps(header, separators=(",", ":")).encode()
+        body = bytes([_VERSION]) + _U32.pack(len(hjson)) + hjson + b"".join(parts)
+        return self._mac(db, key, body) + body
+
+    def open(
+        self, db: bytes, key: bytes, value: bytes | memoryview
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """Verify and decode a sealed record; raise :class:`Corrupt` if it does not verify."""
+        value = bytes(value)
+        if len(value) < _MAC_LEN + 5:
+            raise Corrupt("record too short")
+        mac, body = value[:_MAC_LEN], value[_MAC_LEN:]
+        if not hmac.compare_digest(mac, self._mac(db, key, body)):
+            raise Corrupt("record MAC mismatch")
+        if body[0] != _VERSION:
+            raise Corrupt(f"unknown record version {body[0]}")
+        (hlen,) = _U32.unpack_from(body, 1)
+        header: dict[str, Any] = json.loads(body[5 : 5 + hlen])
+        blobs: dict[str, bytes] = {}
+        pos = 5 + hlen
+        for name, n in header.pop("_b", ()):
+            blobs[name] = body[pos : pos + n]
+            pos += n
+        return header, blobs
