@@ -75,17 +75,20 @@ def _write_frames(pending: list[tuple[Any, tuple[Any, ...]]]) -> None:
             gen.__qualname__ = qualname
 
 
-def _discard_fresh() -> None:
-    """Close fresh generators that were never written.
+def _discard_fresh(keep: list[tuple[Any, tuple[Any, ...]]]) -> None:
+    """Close fresh generators that were made but not filled from a record.
 
-    An unwritten coroutine would otherwise warn "never awaited" when it is
-    collected; closing an unstarted generator runs no user code.
+    That happens when loading fails, and when pickle itself throws away a
+    reduction of a recursive object.  An unfilled coroutine would otherwise
+    warn "never awaited" when collected; closing an unstarted generator runs
+    no user code.
     """
     if not _frames.available():
         return
     native = _frames.native()
+    filled = {id(gen) for gen, _record in keep}
     for gen in _records.LOAD.fresh:
-        if native.read_frame(gen, _records.NULL)[0] == _frames.CREATED:
+        if id(gen) not in filled and native.read_frame(gen, _records.NULL)[0] == _frames.CREATED:
             gen.close()
 
 
@@ -108,8 +111,10 @@ def load_payload(payload: bytes) -> Any:
             ) from exc
         _write_frames(_records.LOAD.pending)
     except BaseException:
-        _discard_fresh()
+        _discard_fresh([])
         raise
+    else:
+        _discard_fresh(_records.LOAD.pending)
     finally:
         _records.LOAD.pending, _records.LOAD.fresh = saved
     return obj

@@ -12,6 +12,7 @@ code objects, globals) is used as it is.  We add, through
   function fresh cells, which silently splits the sharing);
 * exceptions, with ``__cause__``, ``__context__`` and
   ``__suppress_context__`` kept (plain pickling drops them);
+* tracebacks, which become None (they hold live frames of the past);
 * a short list of objects that must never be captured silently (open files,
   sockets, event loops, futures, async generators), refused loudly;
 * reducers registered by the user for their own types.
@@ -73,8 +74,8 @@ def _refusal_for(t: type) -> _Refusal | None:
         return _Refusal("sockets cannot be captured; reconnect after restore")
     if issubclass(t, types.AsyncGeneratorType):
         return _Refusal("async generators cannot be captured yet; use a class-based async iterator")
-    if issubclass(t, (types.FrameType, types.TracebackType)):
-        return _Refusal("frame and traceback objects cannot be captured")
+    if issubclass(t, types.FrameType):
+        return _Refusal("frame objects cannot be captured")
     asyncio = sys.modules.get("asyncio")
     if asyncio is not None:
         if issubclass(t, asyncio.Future):
@@ -175,6 +176,12 @@ def _reduce_exception(pickler: Pickler, exc: BaseException) -> Any:
     return (rv[0], rv[1], chain, None, None, _records.fill_exception)
 
 
+def _reduce_traceback(pickler: Pickler, tb: types.TracebackType) -> Any:
+    # A traceback pins live frames; it is informational only, so it is
+    # captured as None (documented), like the __traceback__ of exceptions.
+    return (_records.no_traceback, ())
+
+
 def _reduce_code(pickler: Pickler, code: types.CodeType) -> Any:
     # cloudpickle blanks co_filename to "<dynamic-code>" for reproducible
     # bytes; tracebacks and `tcc inspect` of restored frames need the real one.
@@ -194,6 +201,7 @@ _EXACT: dict[type, Callable[[Pickler, Any], Any]] = {
     types.CoroutineType: _reduce_generator,
     types.CellType: _reduce_cell,
     types.CodeType: _reduce_code,
+    types.TracebackType: _reduce_traceback,
     types.FunctionType: _cloudpickle_default,
 }
 

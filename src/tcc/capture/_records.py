@@ -99,6 +99,11 @@ def finished_generator(code: types.CodeType, name: str, qualname: str) -> Any:
     return gen
 
 
+def no_traceback() -> None:
+    """What a captured traceback object becomes."""
+    return None
+
+
 # -------------------------------------------------------------------- code
 
 

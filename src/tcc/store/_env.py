@@ -1,0 +1,438 @@
+"""The one place that opens LMDB: environment lifetime, growth, durability, errors.
+
+* One :class:`EnvHandle` per store directory per process (a registry shares
+  it between ``LmdbStore`` objects, e.g. of different tenants), because LMDB
+  must never open the same environment twice in one process.
+* A handle refuses to be used in a process other than the one that opened it
+  (LMDB environments must not cross ``fork()``).
+* Writes run as ``fn(txn)`` closures so that on ``MapFullError`` the
+  transaction can be aborted, the map grown while no transaction of this
+  process is open, and the closure simply re-run.  Closures therefore only
+  read and write through ``txn``.
+* ``group`` durability batches the closures of concurrent committers into one
+  write transaction (each in a nested child transaction, so one failing
+  closure rolls back alone): N commits share one fsync, with exactly the
+  guarantees of ``sync``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import lmdb
+
+from ..errors import StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError
+from ._codec import SECRET_NAME, Corrupt, Sealer, load_or_create_secret
+
+__all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
+
+T = TypeVar("T")
+DBS = ("meta", "runs", "journal", "snaps", "chunks", "refs", "signals", "events", "pins")
+FORMAT = {"magic": "tcc-store", "version": 1}
+LOCK_NAME = "tcc.lock"
+_OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME}
+DEFAULT_MAP_SIZE = 1 << 30
+DEFAULT_MAX_MAP_SIZE = 1 << 40
+
+_registry: dict[tuple[int, str], EnvHandle] = {}
+_registry_lock = threading.Lock()
+
+
+def parse_size(text: str | int) -> int:
+    """``"64M"`` -> 67108864; plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def acquire(
+    path: str, *, create: bool, durability: str, map_size: int | None, max_map_size: int | None
+) -> EnvHandle:
+    """The process-wide handle for ``path``, opened on first use."""
+    real = os.path.realpath(path)
+    key = (os.getpid(), real)
+    with _registry_lock:
+        h = _registry.get(key)
+        if h is not None and not h.closed:
+            if h.durability != durability:
+                raise StoreError(
+                    f"store {real} is already open in this process with durability "
+                    f"{h.durability!r}; open it with the same durability"
+                )
+            h.users += 1
+            return h
+        h = EnvHandle(real, create=create, durability=durability, map_size=map_size,
+                      max_map_size=max_map_size)
+        _registry[key] = h
+        return h
+
+
+class _Pending:
+    __slots__ = ("fn", "result", "exc", "done")
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.result: Any = None
+        self.exc: BaseException | None = None
+        self.done = False
+
+
+class EnvHandle:
+    """An open LMDB environment plus everything needed to use it safely."""
+
+    def __init__(
+        self, path: str, *, create: bool, durability: str, map_size: int | None,
+        max_map_size: int | None,
+    ) -> None:
+        if durability not in ("sync", "group", "none"):
+            raise ValueError(f"durability must be 'sync', 'group' or 'none', not {durability!r}")
+        self.path = path
+        self.durability = durability
+        self.pid = os.getpid()
+        self.users = 1
+        self.closed = False
+        self.map_size = map_size or parse_size(os.environ.get("TCC_STORE_MAP_SIZE", DEFAULT_MAP_SIZE))
+        self.max_map_size = max_map_size or parse_size(
+            os.environ.get("TCC_STORE_MAX_MAP_SIZE", DEFAULT_MAX_MAP_SIZE))
+        self._wlock = threading.Lock()  # one writer per process (taken before the gate)
+        self._gate = threading.Condition()  # readers/writers in txns vs. a resize
+        self._active = 0
+        self._resizing = False
+        self._gcond = threading.Condition()  # group commit
+        self._queue: list[_Pending] = []
+        self._leader = False
+        self._writes = 0
+        self._last_reader_check = time.monotonic()
+        self._prepare_dir(create)
+        try:
+            self.sealer = Sealer(load_or_create_secret(path, create))
+        except Corrupt as exc:
+            raise StoreCorruptError(f"store {path}: {exc}; restore the secret from a backup") from None
+        except FileNotFoundError:
+            raise StoreCorruptError(
+                f"store {path} has data but no '{SECRET_NAME}' file, so nothing in it can be "
+                "verified; restore the secret file from a backup"
+            ) from None
+        self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lockfd, fcntl.LOCK_SH)
+        self._open_env()
+
+    # ------------------------------------------------------------------ opening
+    def _prepare_dir(self, create: bool) -> None:
+        path = self.path
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise StoreCorruptError(f"store path {path} is a file, not a store directory; "
+                                    "choose another path (TCC_STORE)")
+        has_data = os.path.exists(os.path.join(path, "data.mdb"))
+        if not has_data and not create:
+            raise StoreNotFoundError(
+                f"no tcc store at {path}; create it (open_store(create=True)) or point "
+                "TCC_STORE at an existing store")
+        if not os.path.isdir(path):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chmod(path, 0o700)
+        elif not has_data:
+            foreign = set(os.listdir(path)) - _OWN_FILES
+            if foreign:
+                raise StoreCorruptError(
+                    f"{path} is not empty and is not a tcc store (it holds {sorted(foreign)[:3]}); "
+                    "choose an empty or new directory")
+
+    def _open_env(self) -> None:
+        path = self.path
+        try:
+            self.env = lmdb.open(
+                path, map_size=self.map_size, subdir=True, max_dbs=len(DBS) + 2, mode=0o600,
+                sync=self.durability != "none", metasync=True, readahead=False, lock=True,
+            )
+        except lmdb.InvalidError as exc:
+            raise StoreCorruptError(f"{path}/data.mdb is not an LMDB file ({exc}); it is foreign "
+                                    "or damaged: move it away or restore a backup") from None
+        except (lmdb.VersionMismatchError, lmdb.CorruptedError) as exc:
+            raise StoreCorruptError(f"store {path} is unreadable ({exc}); restore a backup") from None
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from None
+        self.env.reader_check()
+        self.map_size = self.env.info()["map_size"]
+        self.dbs: dict[str, Any] = {}
+        try:
+            with self.env.begin(write=True) as txn:
+                for name in DBS:
+                    self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
+                self._check_format(txn)
+        except (lmdb.IncompatibleError, lmdb.CorruptedError, lmdb.PageNotFoundError) as exc:
+            self.env.close()
+            raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store ({exc}); "
+                                    "choose another path") from None
+
+    def _check_format(self, txn: Any) -> None:
+        import json
+
+        raw = txn.get(b"format", db=self.dbs["meta"])
+        if raw is None:
+            if txn.stat(self.dbs["runs"])["entries"] or txn.stat(self.dbs["chunks"])["entries"]:
+                raise StoreCorruptError(f"store {self.path} has records but no format header")
+            store_id = os.urandom(16).hex()
+            hdr = {**FORMAT, "store_id": store_id,
+                   "check": self.sealer.check_tag(store_id.encode()).hex(), "created": time.time()}
+            txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
+            return
+        try:
+            hdr = json.loads(bytes(raw))
+        except ValueError:
+            hdr = {}
+        if hdr.get("magic") != FORMAT["magic"]:
+            raise StoreCorruptError(f"{self.path} holds a foreign LMDB database, not a tcc store")
+        if hdr.get("version") != FORMAT["version"]:
+            raise StoreCorruptError(f"store {self.path} has format version {hdr.get('version')}; "
+                                    f"this tcc reads version {FORMAT['version']}: upgrade tcc")
+        if hdr.get("check") != self.sealer.check_tag(str(hdr.get("store_id")).encode()).hex():
+            raise StoreCorruptError(f"the secret file of store {self.path} does not belong to it; "
+                                    "restore the original secret file")
+
+    # ------------------------------------------------------------------ guards
+    def check(self) -> None:
+        """Refuse use after close or across fork."""
+        if self.closed:
+            raise StoreError(f"store {self.path} is closed; open it again with open_store()")
+        if os.getpid() != self.pid:
+            raise StoreError(
+                f"store {self.path} was opened in process {self.pid} and used in process "
+                f"{os.getpid()} after fork(); LMDB environments must not cross fork(): call "
+                "open_store() again in the child")
+
+    def _enter(self) -> None:
+        with self._gate:
+            while self._resizing:
+                self._gate.wait()
+            self._active += 1
+
+    def _exit(self) -> None:
+        with self._gate:
+            self._active -= 1
+            self._gate.notify_all()
+
+    def _resize(self, grow: bool) -> None:
+        """Grow the map (or adopt another process's growth) with no txn open here."""
+        with self._gate:
+            self._resizing = True
+            while self._active:
+                self._gate.wait()
+            try:
+                if grow:
+                    current = self.env.info()["map_size"]
+                    if current >= self.max_map_size:
+                        raise StoreFullError(
+                            f"store {self.path} reached its maximum map size of {current} bytes; "
+                            "nothing was lost; raise TCC_STORE_MAX_MAP_SIZE or run `tcc gc`")
+                    self.env.set_mapsize(min(current * 2, self.max_map_size))
+                else:
+                    self.env.set_mapsize(0)
+                self.map_size = self.env.info()["map_size"]
+            finally:
+                self._resizing = False
+                self._gate.notify_all()
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """Map an LMDB/OS exception to a tcc error naming the store and the remedy."""
+        if isinstance(exc, TccError):
+            return exc
+        msg = str(exc)
+        eno = getattr(exc, "errno", None)
+        if isinstance(exc, lmdb.DiskError) or eno in (errno.ENOSPC, errno.EIO, errno.EFBIG) or any(
+            s in msg for s in ("Input/output error", "No space left", "File too large")
+        ):
+            return StoreFullError(
+                f"store {self.path}: the disk is full or failing ({msg}); this write was not "
+                "committed and everything committed before is intact: free disk space and retry")
+        if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+                            lmdb.VersionMismatchError, lmdb.BadValsizeError)):
+            return StoreCorruptError(f"store {self.path} is damaged ({msg}); restore a backup")
+        return StoreError(f"store {self.path}: {type(exc).__name__}: {msg}")
+
+    # ------------------------------------------------------------------ txns
+    def read(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in a read transaction."""
+        self.check()
+        for _ in range(8):
+            self._enter()
+            try:
+                with self.env.begin(buffers=False) as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:
+                pass
+            except lmdb.Error as exc:
+                raise self.translate(exc) from exc
+            finally:
+                self._exit()
+            self._resize(grow=False)
+        raise StoreError(f"store {self.path}: map size kept changing under this reader")
+
+    def write(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in a write transaction and commit it durably (per mode)."""
+        self.check()
+        if self.durability != "group":
+            with self._wlock:
+                return self._run([fn])[0]  # type: ignore[no-any-return]
+        return self._group(fn)
+
+    def _run(self, fns: list[Callable[[Any], Any]], nested: bool = False) -> list[Any]:
+        """Commit ``fns`` in one txn; with ``nested`` each gets a child txn (results may be errors)."""
+        while True:
+            grow = False
+            self._enter()
+            try:
+                txn = self.env.begin(write=True)
+                try:
+                    if nested:
+                        out: list[Any] = []
+                        for fn in fns:
+                            try:
+                                with self.env.begin(write=True, parent=txn) as child:
+                                    out.append((True, fn(child)))
+                            except lmdb.Error:
+                                raise
+                            except Exception as exc:
+                                out.append((False, exc))
+                    else:
+                        out = [fn(txn) for fn in fns]
+                    txn.commit()
+                except BaseException:
+                    txn.abort()
+                    raise
+                self._after_commit()
+                return out
+            except lmdb.MapFullError:
+                grow = True
+            except lmdb.MapResizedError:
+                pass
+            except lmdb.Error as exc:
+                raise self.translate(exc) from exc
+            finally:
+                self._exit()
+            self._resize(grow=grow)
+
+    def _after_commit(self) -> None:
+        self._writes += 1
+        if self._writes % 1024 == 0 and time.monotonic() - self._last_reader_check > 60:
+            self._last_reader_check = time.monotonic()
+            self.env.reader_check()
+
+    def _group(self, fn: Callable[[Any], T]) -> T:
+        me = _Pending(fn)
+        with self._gcond:
+            self._queue.append(me)
+            while not me.done and self._leader:
+                self._gcond.wait()
+            if not me.done:
+                self._leader = True
+        if not me.done:
+            try:
+                with self._wlock:
+                    with self._gcond:
+                        batch, self._queue = self._queue, []
+                    try:
+                        outs = self._run([p.fn for p in batch], nested=True)
+                        for p, (ok, val) in zip(batch, outs):
+                            if ok:
+                                p.result = val
+                            else:
+                                p.exc = val
+                    except BaseException as exc:
+                        for p in batch:
+                            p.exc = exc
+                    for p in batch:
+                        p.done = True
+            finally:
+                with self._gcond:
+                    self._leader = False
+                    self._gcond.notify_all()
+        if me.exc is not None:
+            raise me.exc
+        return me.result  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ admin
+    def file_size(self) -> int:
+        """Bytes the data file occupies on disk."""
+        st = os.stat(os.path.join(self.path, "data.mdb"))
+        return int(st.st_blocks * 512)
+
+    def compact(self) -> tuple[int, int]:
+        """Copy the store compacted and swap it in; needs exclusive use of the store."""
+        self.check()
+        import shutil
+
+        with self._wlock:
+            try:
+                fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreError(
+                    f"store {self.path} is open in another process; stop the other processes "
+                    "and run `tcc gc` again") from None
+            try:
+                before = self.file_size()
+                tmp = os.path.join(self.path, f"compact.{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.mkdir(tmp, 0o700)
+                try:
+                    self._enter()
+                    try:
+                        self.env.copy(tmp, compact=True)
+                    finally:
+                        self._exit()
+                    fd = os.open(os.path.join(tmp, "data.mdb"), os.O_RDONLY)
+                    try:
+                        os.fchmod(fd, 0o600)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    with self._gate:
+                        self._resizing = True
+                        while self._active:
+                            self._gate.wait()
+                    try:
+                        self.env.close()
+                        os.replace(os.path.join(tmp, "data.mdb"), os.path.join(self.path, "data.mdb"))
+                        dfd = os.open(self.path, os.O_RDONLY)
+                        try:
+                            os.fsync(dfd)
+                        finally:
+                            os.close(dfd)
+                        self._open_env()
+                    finally:
+                        with self._gate:
+                            self._resizing = False
+                            self._gate.notify_all()
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                return before, self.file_size()
+            finally:
+                fcntl.flock(self._lockfd, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        """Drop one user; close the environment when the last one goes."""
+        with _registry_lock:
+            if self.closed:
+                return
+            self.users -= 1
+            if self.users > 0:
+                return
+            self.closed = True
+            _registry.pop((self.pid, self.path), None)
+        if os.getpid() != self.pid:
+            return  # never touch an inherited environment
+        if self.durability == "none":
+            try:
+                self.env.sync(True)
+            except lmdb.Error:
+                pass
+        self.env.close()
+        os.close(self._lockfd)

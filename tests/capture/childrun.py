@@ -1,0 +1,37 @@
+"""Run code in fresh child interpreters with the test programs importable."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    env.pop("PYTHONHASHSEED", None)
+    return env
+
+
+def run_child(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run Python code in a fresh interpreter with the programs importable."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_child_json(code: str, *args: str) -> Any:
+    proc = run_child(code, *args)
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
