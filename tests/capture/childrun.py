@@ -19,10 +19,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_child(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_child(
+    code: str, *args: str, timeout: float = 300, flags: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """Run Python code in a fresh interpreter with the programs importable."""
     return subprocess.run(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, *flags, "-c", code, *args],
         env=child_env(),
         capture_output=True,
         text=True,

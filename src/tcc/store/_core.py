@@ -1,0 +1,250 @@
+"""Plumbing shared by the ``LmdbStore`` methods: records, fencing, retention, loading.
+
+See ``_codec`` for the key layout and record format, ``_chunks`` for how
+snapshots are stored O(delta), ``_refs`` for reference counting and
+retention, and ``_env`` for environment lifetime, growth and durability.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from ..errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError
+from ._api import (
+    RUN_STATUSES,
+    Completion,
+    Event,
+    GcStats,
+    JournalRecord,
+    RunInfo,
+    SnapshotInfo,
+)
+from ._chunks import (
+    build_manifest,
+    decode_chunk,
+    encode_chunk,
+    encode_node,
+    pack_entries,
+    parse_entries,
+    split,
+)
+from ._codec import Corrupt, check_name, prefix, seq_key
+from ._env import acquire
+from ._refs import HeldCache, SnapRow, apply_diff, iter_prefix, snap_rows, sweep
+
+__all__ = ["HOST", "StoreCore", "last_seq"]
+
+T = TypeVar("T")
+_S = TypeVar("_S", bound="StoreCore")
+HOST = socket.gethostname()
+
+
+def last_seq(txn: Any, db: Any, pfx: bytes) -> int:
+    """Sequence number of the last record under ``pfx`` (-1 if none)."""
+    cur = txn.cursor(db=db)
+    if cur.set_range(pfx + b"\xff" * 9):
+        ok = cur.prev()
+    else:
+        ok = cur.last()
+    if ok:
+        k = cur.key()
+        if k.startswith(pfx) and len(k) == len(pfx) + 8:
+            return int.from_bytes(k[-8:], "big")
+    return -1
+
+
+class StoreCore:
+    """Opening, closing and the record-level helpers every store method uses."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        tenant: str = "default",
+        durability: str = "sync",
+        create: bool = True,
+        keep: int = 3,
+        map_size: int | None = None,
+        max_map_size: int | None = None,
+    ) -> None:
+        self._t = check_name("tenant", tenant)
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self._keep = keep
+        self._h = acquire(path, create=create, durability=durability, map_size=map_size,
+                          max_map_size=max_map_size)
+        self._sealer = self._h.sealer
+        self._held = HeldCache(self._sealer)
+        self._closed = False
+
+    # ------------------------------------------------------------- properties
+    @property
+    def path(self) -> str:
+        """Absolute path of the store directory."""
+        return self._h.path
+
+    @property
+    def tenant(self) -> str:
+        """The tenant every call is scoped to."""
+        return self._t.decode()
+
+    @property
+    def durability(self) -> str:
+        """``sync``, ``group`` or ``none``."""
+        return self._h.durability
+
+    @property
+    def map_size(self) -> int:
+        """Current size of the memory map in bytes."""
+        return self._h.map_size
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<LmdbStore {self.path!r} tenant={self.tenant!r} durability={self.durability!r}>"
+
+    def close(self) -> None:
+        """Release the store; the environment closes when its last user does."""
+        if not self._closed:
+            self._closed = True
+            self._h.release()
+
+    # --------------------------------------------------------------- plumbing
+    def _read(self, fn: Callable[[Any], T]) -> T:
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        return self._h.read(fn)
+
+    def _write(self, fn: Callable[[Any], T]) -> T:
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        return self._h.write(fn)
+
+    @property
+    def _dbs(self) -> dict[str, Any]:
+        return self._h.dbs
+
+    def _rid(self, run_id: str) -> bytes:
+        return check_name("run id", run_id)
+
+    def _corrupt(self, what: str, why: object) -> StoreCorruptError:
+        return StoreCorruptError(
+            f"store {self.path}: {what} failed verification ({why}); it was not returned. "
+            "Fall back with latest_good_snapshot() or restore a backup")
+
+    def _load_run(self, txn: Any, rid: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
+        key = self._t + b"\x00" + rid
+        raw = txn.get(key, db=self._dbs["runs"])
+        if raw is None:
+            raise RunNotFoundError(
+                f"no run {rid.decode()!r} for tenant {self.tenant!r} in store {self.path}")
+        try:
+            return self._sealer.open(b"runs", key, raw)
+        except Corrupt as exc:
+            raise self._corrupt(f"run {rid.decode()!r} record", exc) from None
+
+    def _put_run(self, txn: Any, rid: bytes, hdr: dict[str, Any], blobs: dict[str, bytes]) -> None:
+        key = self._t + b"\x00" + rid
+        txn.put(key, self._sealer.seal(b"runs", key, hdr, blobs), db=self._dbs["runs"])
+
+    def _fence(self, txn: Any, rid: bytes, epoch: int) -> tuple[dict[str, Any], dict[str, bytes]]:
+        hdr, blobs = self._load_run(txn, rid)
+        if hdr["epoch"] != epoch:
+            raise FencedError(
+                f"run {rid.decode()!r} in store {self.path} is at epoch {hdr['epoch']} "
+                f"(owner {hdr['host']}:{hdr['pid']}) but this writer has epoch {epoch}: the run "
+                "was taken over, so this writer must stop; nothing was written")
+        return hdr, blobs
+
+    def _info(self, rid: bytes, hdr: dict[str, Any], blobs: dict[str, bytes]) -> RunInfo:
+        parent = hdr.get("parent")
+        return RunInfo(
+            run_id=rid.decode(), tenant=self.tenant, entry=hdr["entry"], args=blobs.get("args", b""),
+            strategy=hdr["strategy"], status=hdr["status"], created=hdr["created"],
+            updated=hdr["updated"], epoch=hdr["epoch"], owner_host=hdr["host"],
+            owner_pid=hdr["pid"], lease_expiry=hdr["lease"], result=blobs.get("result"),
+            error=blobs.get("error"), parent=(parent[0], parent[1]) if parent else None,
+        )
+
+    def _event(self, txn: Any, rid: bytes, kind: str, data: Mapping[str, Any] | None) -> None:
+        pfx = prefix(self._t, rid)
+        seq = last_seq(txn, self._dbs["events"], pfx) + 1
+        key = seq_key(self._t, rid, seq)
+        rec = self._sealer.seal(b"events", key, {"k": kind, "t": time.time(), "d": dict(data or {})})
+        txn.put(key, rec, db=self._dbs["events"])
+
+    def _retain(
+        self,
+        txn: Any,
+        pfx: bytes,
+        rows: list[SnapRow],
+        new: SnapRow | None,
+        new_held: set[bytes],
+        stored_form: Callable[[bytes], bytes | None],
+    ) -> int:
+        """Add ``new`` (if any), drop snapshots past retention, fix refcounts; return #dropped."""
+        dbs = self._dbs
+        pinned = self._pinned(txn, pfx)
+        allnums = [r[0] for r in rows] + ([new[0]] if new else [])
+        keep = set(allnums[-self._keep:]) | pinned
+        kept = [r for r in rows if r[0] in keep]
+        dropped = [r for r in rows if r[0] not in keep]
+        before = self._held.union(txn, dbs, rows)
+        after = (set(before) if not dropped else self._held.union(txn, dbs, kept)) | new_held
+        apply_diff(txn, dbs, before, after, stored_form)
+        for _, key, _ in dropped:
+            txn.delete(key, db=dbs["snaps"])
+        if new is not None:
+            txn.put(new[1], new[2], db=dbs["snaps"])
+        return len(dropped)
+
+    def _pinned(self, txn: Any, pfx: bytes) -> set[int]:
+        return {int.from_bytes(k[len(pfx):len(pfx) + 8], "big")
+                for k, _ in iter_prefix(txn, self._dbs["pins"], pfx)}
+
+    def _load(self, txn: Any, rid: bytes, number: int | None) -> tuple[SnapshotInfo, bytes]:
+        self._load_run(txn, rid)
+        pfx = prefix(self._t, rid)
+        if number is None:
+            number = last_seq(txn, self._dbs["snaps"], pfx)
+            if number < 0:
+                raise StoreError(f"run {rid.decode()!r} in store {self.path} has no snapshot yet")
+        key = seq_key(self._t, rid, number)
+        value = txn.get(key, db=self._dbs["snaps"])
+        if value is None:
+            raise StoreError(f"run {rid.decode()!r} in store {self.path} has no snapshot {number}")
+        what = f"run {rid.decode()!r} snapshot {number}"
+        chunks = self._dbs["chunks"]
+        try:
+            hdr, blobs = self._sealer.open(b"snaps", key, value)
+            leaves = parse_entries(blobs["m"])
+            if hdr["g"]:
+                nodes = leaves
+                leaves = []
+                for addr, n in nodes:
+                    stored = txn.get(addr, db=chunks)
+                    if stored is None:
+                        raise Corrupt("a group node is missing")
+                    leaves.extend(parse_entries(decode_chunk(self._sealer, addr, stored, n)))
+            out = bytearray()
+            for addr, n in leaves:
+                stored = txn.get(addr, db=chunks)
+                if stored is None:
+                    raise Corrupt("a chunk is missing")
+                out += decode_chunk(self._sealer, addr, stored, n)
+            if len(out) != hdr["s"]:
+                raise Corrupt("payload length mismatch")
+        except (Corrupt, KeyError) as exc:
+            raise self._corrupt(what, exc) from None
+        info = SnapshotInfo(rid.decode(), number, hdr["j"], hdr["s"], hdr["t"])
+        return info, bytes(out)
+

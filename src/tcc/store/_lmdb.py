@@ -1,0 +1,336 @@
+"""``LmdbStore``: the :class:`~tcc.store.Store` interface on one LMDB environment."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+from ..errors import FencedError, StoreCorruptError, StoreError
+from ._api import RUN_STATUSES, Completion, JournalRecord, RunInfo, SnapshotInfo
+from ._chunks import build_manifest, encode_chunk, encode_node, pack_entries, split
+from ._codec import Corrupt, prefix, seq_key
+from ._core import HOST, last_seq
+from ._maint import Maintenance
+from ._refs import iter_prefix, snap_rows
+
+__all__ = ["LmdbStore"]
+
+
+class LmdbStore(Maintenance):
+    """Runs, journal, snapshots, signals and events of one tenant, in LMDB.
+
+    Thread-safe; several processes may open the same store.  Create it with
+    :func:`tcc.store.open_store`.
+    """
+
+    # ------------------------------------------------------------------- runs
+    def create_run(
+        self,
+        entry: str,
+        args: bytes = b"",
+        *,
+        strategy: str = "continuation",
+        run_id: str | None = None,
+        lease: float = 30.0,
+    ) -> RunInfo:
+        """Create a run owned by this process: epoch 1, status ``running``."""
+        rid = self._rid(run_id or uuid.uuid4().hex)
+        now = time.time()
+        hdr = {"entry": entry, "strategy": strategy, "status": "running", "created": now,
+               "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
+               "lease": now + lease, "parent": None}
+        blobs = {"args": bytes(args)}
+
+        def op(txn: Any) -> RunInfo:
+            if txn.get(self._t + b"\x00" + rid, db=self._dbs["runs"]) is not None:
+                raise StoreError(f"run {rid.decode()!r} already exists in store {self.path}")
+            self._put_run(txn, rid, hdr, blobs)
+            self._event(txn, rid, "created", {"entry": entry, "epoch": 1})
+            return self._info(rid, hdr, blobs)
+
+        return self._write(op)
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """The run, or RunNotFoundError (also for other tenants' runs)."""
+        rid = self._rid(run_id)
+        return self._read(lambda txn: self._info(rid, *self._load_run(txn, rid)))
+
+    def list_runs(self, status: str | None = None) -> list[RunInfo]:
+        """This tenant's runs (optionally with one status), ordered by run id."""
+        pfx = self._t + b"\x00"
+
+        def op(txn: Any) -> list[RunInfo]:
+            out = []
+            for key, _ in iter_prefix(txn, self._dbs["runs"], pfx):
+                info = self._info(key[len(pfx):], *self._load_run(txn, key[len(pfx):]))
+                if status is None or info.status == status:
+                    out.append(info)
+            return out
+
+        return self._read(op)
+
+    def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False) -> RunInfo:
+        """Take ownership: epoch + 1, owner = this process, so older writers are fenced.
+
+        Refused (FencedError) while another live owner's lease runs, unless
+        ``steal``.  An owner on this host whose pid is gone counts as dead.
+        """
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> RunInfo:
+            hdr, blobs = self._load_run(txn, rid)
+            now = time.time()
+            mine = hdr["host"] == HOST and hdr["pid"] == os.getpid()
+            alive = hdr["lease"] > now and not mine and not steal
+            if alive and hdr["host"] == HOST:
+                try:
+                    os.kill(hdr["pid"], 0)
+                except ProcessLookupError:
+                    alive = False
+                except PermissionError:
+                    pass
+            if alive:
+                raise FencedError(
+                    f"run {run_id!r} in store {self.path} is owned by {hdr['host']}:{hdr['pid']} "
+                    f"for {hdr['lease'] - now:.1f} s more; wait, or claim with steal=True")
+            prev = {"epoch": hdr["epoch"], "owner": f"{hdr['host']}:{hdr['pid']}"}
+            hdr.update(epoch=hdr["epoch"] + 1, host=HOST, pid=os.getpid(), lease=now + lease,
+                       updated=now)
+            self._put_run(txn, rid, hdr, blobs)
+            self._event(txn, rid, "reclaimed" if mine else "taken_over",
+                        {**prev, "new_epoch": hdr["epoch"]})
+            return self._info(rid, hdr, blobs)
+
+        return self._write(op)
+
+    def renew_lease(self, run_id: str, epoch: int, lease: float = 30.0) -> RunInfo:
+        """Extend this owner's lease to ``lease`` seconds from now."""
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> RunInfo:
+            hdr, blobs = self._fence(txn, rid, epoch)
+            hdr["lease"] = time.time() + lease
+            self._put_run(txn, rid, hdr, blobs)
+            return self._info(rid, hdr, blobs)
+
+        return self._write(op)
+
+    def set_status(
+        self,
+        run_id: str,
+        epoch: int,
+        status: str,
+        *,
+        result: bytes | None = None,
+        error: bytes | None = None,
+    ) -> RunInfo:
+        """Change the status (recording ``result``/``error``) and log an event."""
+        if status not in RUN_STATUSES:
+            raise ValueError(f"status must be one of {RUN_STATUSES}, not {status!r}")
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> RunInfo:
+            hdr, blobs = self._fence(txn, rid, epoch)
+            hdr.update(status=status, updated=time.time())
+            if result is not None:
+                blobs["result"] = bytes(result)
+            if error is not None:
+                blobs["error"] = bytes(error)
+            self._put_run(txn, rid, hdr, blobs)
+            self._event(txn, rid, status, {"epoch": epoch})
+            return self._info(rid, hdr, blobs)
+
+        return self._write(op)
+
+    # ---------------------------------------------------------------- journal
+    def _put_journal(self, txn: Any, rid: bytes, seq: int, hdr: dict[str, Any],
+                     blobs: dict[str, bytes]) -> None:
+        key = seq_key(self._t, rid, seq)
+        txn.put(key, self._sealer.seal(b"journal", key, hdr, blobs), db=self._dbs["journal"])
+
+    def _completion(self, txn: Any, rid: bytes, seq: int, c: Completion, now: float) -> None:
+        blobs = {}
+        if c.result is not None:
+            blobs["r"] = bytes(c.result)
+        if c.error is not None:
+            blobs["e"] = bytes(c.error)
+        self._put_journal(txn, rid, seq, {"k": "c", "t": now, "i": c.intent_seq,
+                                          "d": c.duration}, blobs)
+
+    def append_intent(
+        self,
+        run_id: str,
+        epoch: int,
+        name: str,
+        args: bytes = b"",
+        *,
+        idempotency_key: str | None = None,
+        attempt: int = 1,
+    ) -> int:
+        """Journal an effect about to run; returns its sequence number."""
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> int:
+            self._fence(txn, rid, epoch)
+            seq = last_seq(txn, self._dbs["journal"], prefix(self._t, rid)) + 1
+            self._put_journal(txn, rid, seq, {"k": "i", "t": time.time(), "n": name,
+                                              "ik": idempotency_key, "a": attempt},
+                              {"args": bytes(args)})
+            return seq
+
+        return self._write(op)
+
+    def append_completion(self, run_id: str, epoch: int, completion: Completion) -> int:
+        """Journal an effect's outcome without a snapshot; returns its sequence number."""
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> int:
+            self._fence(txn, rid, epoch)
+            seq = last_seq(txn, self._dbs["journal"], prefix(self._t, rid)) + 1
+            self._completion(txn, rid, seq, completion, time.time())
+            return seq
+
+        return self._write(op)
+
+    def journal(self, run_id: str, start: int = 0) -> list[JournalRecord]:
+        """The run's journal records with ``seq >= start``, in order (all verified)."""
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> list[JournalRecord]:
+            self._load_run(txn, rid)
+            out = []
+            for key, value in iter_prefix(txn, self._dbs["journal"], seq_key(self._t, rid, start)[:-8]):
+                seq = int.from_bytes(key[-8:], "big")
+                if seq < start:
+                    continue
+                try:
+                    h, b = self._sealer.open(b"journal", key, value)
+                except Corrupt as exc:
+                    raise self._corrupt(f"journal record {seq} of run {run_id!r}", exc) from None
+                if h["k"] == "i":
+                    out.append(JournalRecord(seq, "intent", h["t"], name=h["n"], args=b.get("args"),
+                                             idempotency_key=h["ik"], attempt=h["a"]))
+                else:
+                    out.append(JournalRecord(seq, "completion", h["t"], intent_seq=h["i"],
+                                             result=b.get("r"), error=b.get("e"), duration=h["d"]))
+            return out
+
+        return self._read(op)
+
+    # -------------------------------------------------------------- snapshots
+    def checkpoint(
+        self,
+        run_id: str,
+        epoch: int,
+        payload: bytes,
+        *,
+        completion: Completion | None = None,
+    ) -> SnapshotInfo:
+        """Journal ``completion`` (if given) and store ``payload`` as the next snapshot.
+
+        Both land in ONE write transaction that first checks ``epoch``
+        (FencedError, nothing written, if stale).  Pass the *uncompressed*
+        payload: it is chunked by content and each new chunk compressed, so a
+        payload that changed a little costs a little.  Snapshots beyond the
+        newest ``keep`` (and not pinned by a fork) are dropped in the same
+        transaction.
+        """
+        rid = self._rid(run_id)
+        sealer, dbs = self._sealer, self._dbs
+        ordered = split(sealer, payload)
+        pieces = dict(ordered)
+        leaves = [(h, len(p)) for h, p in ordered]
+        manifest = build_manifest(sealer, leaves)
+        fresh = self._read(lambda txn: [h for h in pieces if txn.get(h, db=dbs["refs"]) is None])
+        encoded = {h: encode_chunk(pieces[h]) for h in fresh}
+        size = len(memoryview(payload).cast("B"))
+        pfx = prefix(self._t, rid)
+        now = time.time()
+
+        def stored_form(addr: bytes) -> bytes | None:
+            if addr in encoded:
+                return encoded[addr]
+            if addr in pieces:
+                return encode_chunk(pieces[addr])
+            if addr in manifest.nodes:
+                return encode_node(manifest.nodes[addr])
+            return None
+
+        new_held = {h for h, _ in leaves} | set(manifest.nodes)
+
+        def op(txn: Any) -> SnapshotInfo:
+            self._fence(txn, rid, epoch)
+            jlen = last_seq(txn, dbs["journal"], pfx) + 1
+            if completion is not None:
+                self._completion(txn, rid, jlen, completion, now)
+                jlen += 1
+            rows = snap_rows(txn, dbs["snaps"], pfx)
+            number = rows[-1][0] + 1 if rows else 1
+            key = seq_key(self._t, rid, number)
+            value = sealer.seal(b"snaps", key, {"j": jlen, "s": size, "t": now, "g": manifest.grouped},
+                                {"m": pack_entries(manifest.top)})
+            self._retain(txn, pfx, rows, (number, key, value), new_held, stored_form)
+            return SnapshotInfo(run_id, number, jlen, size, now)
+
+        return self._write(op)
+
+    def snapshots(self, run_id: str) -> list[SnapshotInfo]:
+        """Stored snapshots of the run, oldest first (records verified)."""
+        rid = self._rid(run_id)
+        pfx = prefix(self._t, rid)
+
+        def op(txn: Any) -> list[SnapshotInfo]:
+            self._load_run(txn, rid)
+            pinned = self._pinned(txn, pfx)
+            out = []
+            for number, key, value in snap_rows(txn, self._dbs["snaps"], pfx):
+                try:
+                    h, _ = self._sealer.open(b"snaps", key, value)
+                except Corrupt as exc:
+                    raise self._corrupt(f"run {run_id!r} snapshot {number} record", exc) from None
+                out.append(SnapshotInfo(run_id, number, h["j"], h["s"], h["t"], number in pinned))
+            return out
+
+        return self._read(op)
+
+    def load_snapshot(self, run_id: str, number: int | None = None) -> bytes:
+        """The verified payload of snapshot ``number`` (default: newest).
+
+        Raises StoreCorruptError (naming run and snapshot) if any part fails
+        verification; damaged bytes are never returned.
+        """
+        rid = self._rid(run_id)
+        return self._read(lambda txn: self._load(txn, rid, number))[1]
+
+    def latest_good_snapshot(self, run_id: str) -> tuple[SnapshotInfo, bytes] | None:
+        """The newest snapshot that verifies (None if none does).
+
+        Each damaged snapshot skipped is recorded as a ``snapshot_corrupt``
+        event, and a fallback as a ``fell_back`` event.
+        """
+        rid = self._rid(run_id)
+        pfx = prefix(self._t, rid)
+
+        def numbers(txn: Any) -> list[int]:
+            self._load_run(txn, rid)
+            return [r[0] for r in snap_rows(txn, self._dbs["snaps"], pfx)]
+
+        bad: list[tuple[int, str]] = []
+        found: tuple[SnapshotInfo, bytes] | None = None
+        for number in reversed(self._read(numbers)):
+            try:
+                found = self._read(lambda txn: self._load(txn, rid, number))
+                break
+            except StoreCorruptError as exc:
+                bad.append((number, str(exc)))
+        if bad:
+            def note(txn: Any) -> None:
+                for number, why in bad:
+                    self._event(txn, rid, "snapshot_corrupt", {"number": number, "error": why})
+                self._event(txn, rid, "fell_back", {
+                    "from": bad[0][0], "to": found[0].number if found else None})
+            self._write(note)
+        return found
+

@@ -1,0 +1,232 @@
+"""Signals, events, forks, deletion and housekeeping (retention, GC, compaction)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import StoreError
+from ._api import Event, GcStats, RunInfo
+from ._codec import Corrupt, check_name, prefix, seq_key, u64
+from ._core import HOST, StoreCore, last_seq
+from ._refs import apply_diff, iter_prefix, snap_rows, sweep
+
+__all__ = ["Maintenance"]
+
+
+class Maintenance(StoreCore):
+    """The parts of :class:`~tcc.store.LmdbStore` beyond runs, journal and snapshots."""
+
+    # ---------------------------------------------------------------- signals
+    def send_signal(self, run_id: str, name: str, value: bytes = b"") -> bool:
+        """Deliver signal ``name`` to a run; False if that name was delivered before.
+
+        A name is accepted once, ever: a second delivery (even after the first
+        was consumed) is refused, so retried senders cannot double-approve.
+        """
+        rid = self._rid(run_id)
+        key = prefix(self._t, rid) + check_name("signal name", name)
+
+        def op(txn: Any) -> bool:
+            self._load_run(txn, rid)
+            if txn.get(key, db=self._dbs["signals"]) is not None:
+                return False
+            rec = self._sealer.seal(b"signals", key, {"s": "pending", "t": time.time()},
+                                    {"v": bytes(value)})
+            txn.put(key, rec, db=self._dbs["signals"])
+            return True
+
+        return self._write(op)
+
+    def take_signal(self, run_id: str, epoch: int, name: str) -> bytes | None:
+        """Consume a pending signal exactly once; None if none is pending.
+
+        The consumption is fenced by ``epoch`` and leaves a tombstone, so the
+        value is handed out at most once even across crashes and takeovers.
+        """
+        rid = self._rid(run_id)
+        key = prefix(self._t, rid) + check_name("signal name", name)
+
+        def op(txn: Any) -> bytes | None:
+            self._fence(txn, rid, epoch)
+            raw = txn.get(key, db=self._dbs["signals"])
+            if raw is None:
+                return None
+            try:
+                hdr, blobs = self._sealer.open(b"signals", key, raw)
+            except Corrupt as exc:
+                raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
+            if hdr["s"] != "pending":
+                return None
+            tomb = self._sealer.seal(b"signals", key, {"s": "consumed", "t": hdr["t"],
+                                                       "c": time.time(), "e": epoch})
+            txn.put(key, tomb, db=self._dbs["signals"])
+            return blobs["v"]
+
+        return self._write(op)
+
+    def pending_signals(self, run_id: str) -> list[str]:
+        """Names of signals delivered to the run and not consumed yet."""
+        rid = self._rid(run_id)
+        pfx = prefix(self._t, rid)
+
+        def op(txn: Any) -> list[str]:
+            self._load_run(txn, rid)
+            out = []
+            for key, raw in iter_prefix(txn, self._dbs["signals"], pfx):
+                try:
+                    hdr, _ = self._sealer.open(b"signals", key, raw)
+                except Corrupt as exc:
+                    raise self._corrupt(f"a signal of run {run_id!r}", exc) from None
+                if hdr["s"] == "pending":
+                    out.append(key[len(pfx):].decode())
+            return out
+
+        return self._read(op)
+
+    # ----------------------------------------------------------------- events
+    def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None) -> None:
+        """Append an audit event (``data`` must be JSON-able)."""
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> None:
+            self._load_run(txn, rid)
+            self._event(txn, rid, kind, data)
+
+        self._write(op)
+
+    def events(self, run_id: str) -> list[Event]:
+        """The run's audit trail, oldest first; kept even after the run is deleted."""
+        rid = self._rid(run_id)
+        pfx = prefix(self._t, rid)
+
+        def op(txn: Any) -> list[Event]:
+            out = []
+            for key, raw in iter_prefix(txn, self._dbs["events"], pfx):
+                try:
+                    hdr, _ = self._sealer.open(b"events", key, raw)
+                except Corrupt as exc:
+                    raise self._corrupt(f"an event of run {run_id!r}", exc) from None
+                out.append(Event(run_id, int.from_bytes(key[-8:], "big"), hdr["k"], hdr["t"], hdr["d"]))
+            return out
+
+        return self._read(op)
+
+    # ------------------------------------------------------------ fork/delete
+    def fork_run(
+        self, run_id: str, number: int | None = None, *, new_run_id: str | None = None
+    ) -> RunInfo:
+        """A new run starting from snapshot ``number`` (default newest) of ``run_id``.
+
+        The new run gets a copy of the journal prefix the snapshot reflects
+        and shares the snapshot's chunks; the source snapshot is pinned (kept
+        past retention) while the fork exists.
+        """
+        src = self._rid(run_id)
+        new = self._rid(new_run_id or uuid.uuid4().hex)
+        sp, np_ = prefix(self._t, src), prefix(self._t, new)
+        dbs, sealer = self._dbs, self._sealer
+
+        def op(txn: Any) -> RunInfo:
+            shdr, sblobs = self._load_run(txn, src)
+            if txn.get(self._t + b"\x00" + new, db=dbs["runs"]) is not None:
+                raise StoreError(f"run {new.decode()!r} already exists in store {self.path}")
+            num = number if number is not None else last_seq(txn, dbs["snaps"], sp)
+            skey = seq_key(self._t, src, num)
+            sval = txn.get(skey, db=dbs["snaps"])
+            if num < 0 or sval is None:
+                raise StoreError(f"run {run_id!r} in store {self.path} has no snapshot {number}")
+            try:
+                hdr, blobs = sealer.open(b"snaps", skey, sval)
+            except Corrupt as exc:
+                raise self._corrupt(f"run {run_id!r} snapshot {num} record", exc) from None
+            for key, raw in iter_prefix(txn, dbs["journal"], sp):
+                seq = int.from_bytes(key[-8:], "big")
+                if seq >= hdr["j"]:
+                    break
+                try:
+                    jh, jb = sealer.open(b"journal", key, raw)
+                except Corrupt as exc:
+                    raise self._corrupt(f"journal record {seq} of run {run_id!r}", exc) from None
+                nk = seq_key(self._t, new, seq)
+                txn.put(nk, sealer.seal(b"journal", nk, jh, jb), db=dbs["journal"])
+            nkey = seq_key(self._t, new, 1)
+            nval = sealer.seal(b"snaps", nkey, hdr, blobs)
+            held = set(self._held.held(txn, dbs, skey, sval))
+            apply_diff(txn, dbs, set(), held, lambda _addr: None)
+            txn.put(nkey, nval, db=dbs["snaps"])
+            txn.put(sp + u64(num) + b"\x00" + new, b"", db=dbs["pins"])
+            now = time.time()
+            rhdr = {"entry": shdr["entry"], "strategy": shdr["strategy"], "status": "running",
+                    "created": now, "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
+                    "lease": now + 30.0, "parent": [src.decode(), num]}
+            rblobs = {"args": sblobs.get("args", b"")}
+            self._put_run(txn, new, rhdr, rblobs)
+            self._event(txn, new, "created", {"forked_from": src.decode(), "snapshot": num})
+            self._event(txn, src, "forked", {"snapshot": num, "child": new.decode()})
+            return self._info(new, rhdr, rblobs)
+
+        return self._write(op)
+
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run's record, journal, snapshots, signals and pins (events stay)."""
+        rid = self._rid(run_id)
+        pfx = prefix(self._t, rid)
+        dbs = self._dbs
+
+        def op(txn: Any) -> None:
+            hdr, _ = self._load_run(txn, rid)
+            rows = snap_rows(txn, dbs["snaps"], pfx)
+            apply_diff(txn, dbs, self._held.union(txn, dbs, rows), set(), lambda _a: None)
+            for name in ("snaps", "journal", "signals", "pins"):
+                keys = [bytes(k) for k, _ in iter_prefix(txn, dbs[name], pfx)]
+                for k in keys:
+                    txn.delete(k, db=dbs[name])
+            parent = hdr.get("parent")
+            if parent:
+                pk = prefix(self._t, parent[0].encode()) + u64(parent[1]) + b"\x00" + rid
+                txn.delete(pk, db=dbs["pins"])
+            txn.delete(self._t + b"\x00" + rid, db=dbs["runs"])
+            self._event(txn, rid, "deleted", {})
+
+        self._write(op)
+
+    # ----------------------------------------------------------- housekeeping
+    def gc(self) -> GcStats:
+        """Apply retention to this tenant's runs, then sweep chunks store-wide.
+
+        The sweep recounts every chunk's references from all manifests (all
+        tenants), deletes chunks nothing references and repairs counts that a
+        damaged manifest left wrong.  Runs in one write transaction.
+        """
+        dbs = self._dbs
+        tp = self._t + b"\x00"
+
+        def op(txn: Any) -> GcStats:
+            dropped = 0
+            for key, _ in list(iter_prefix(txn, dbs["runs"], tp)):
+                pfx = prefix(self._t, bytes(key[len(tp):]))
+                rows = snap_rows(txn, dbs["snaps"], pfx)
+                dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)
+            deleted, repaired = sweep(txn, dbs, self._held)
+            return GcStats(snapshots_deleted=dropped, chunks_deleted=deleted,
+                           refs_repaired=repaired)
+
+        stats = self._write(op)
+        size = self._h.file_size()
+        return GcStats(stats.snapshots_deleted, stats.chunks_deleted, stats.refs_repaired,
+                       size, size)
+
+    def compact(self) -> GcStats:
+        """Rewrite the data file without free pages and swap it in atomically.
+
+        LMDB files never shrink on their own.  This needs the store to be open
+        in no other process (StoreError otherwise); run :meth:`gc` first.
+        """
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        before, after = self._h.compact()
+        return GcStats(bytes_before=before, bytes_after=after)
