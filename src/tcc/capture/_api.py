@@ -48,24 +48,31 @@ def dump_payload(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def _write_frames(pending: list[tuple[Any, tuple[Any, ...]]]) -> None:
-    native = _frames.native()
-    checked = []
-    for gen, record in pending:
-        if not (isinstance(record, tuple) and len(record) == 7 and record[0] == 1):
-            raise errors.CorruptSnapshotError(f"malformed frame record for {gen.__qualname__}")
-        _version, state, offset, slots, exc, name, qualname = record
-        code = _frames.code_of(gen)
-        args = (gen, code, state, offset, slots, exc, _records.NULL)
-        try:
-            native.check_frame(*args)
-        except (TypeError, ValueError, OverflowError) as exc_:
-            raise errors.CorruptSnapshotError(
-                f"invalid frame record for {code.co_qualname}() "
-                f"({code.co_filename}:{code.co_firstlineno}): {exc_}"
-            ) from None
-        checked.append((args, name, qualname))
+def _check_record(gen: Any, record: Any) -> tuple[tuple[Any, ...], str, str]:
+    """Validate one queued record; return native arguments, name, qualname."""
+    if not isinstance(gen, _frames.GENERATOR_TYPES):
+        raise errors.CorruptSnapshotError(
+            f"frame record attached to a {type(gen).__name__}, not a generator"
+        )
+    code = _frames.code_of(gen)
+    where = f"{code.co_qualname}() ({code.co_filename}:{code.co_firstlineno})"
+    if not (isinstance(record, tuple) and len(record) == 7 and record[0] == 1):
+        raise errors.CorruptSnapshotError(f"malformed frame record for {where}")
+    _version, state, offset, slots, exc, name, qualname = record
+    if not (isinstance(name, str) and isinstance(qualname, str)):
+        raise errors.CorruptSnapshotError(f"malformed frame record for {where}: bad name")
+    args = (gen, code, state, offset, slots, exc, _records.NULL)
+    try:
+        _frames.native().check_frame(*args)
+    except (TypeError, ValueError, OverflowError) as exc_:
+        raise errors.CorruptSnapshotError(f"invalid frame record for {where}: {exc_}") from None
+    return args, name, qualname
+
+
+def _write_frames(pending: list[tuple[Any, Any]]) -> None:
+    checked = [_check_record(gen, record) for gen, record in pending]
     # Every record is valid: only now is any frame written.
+    native = _frames.native()
     for args, name, qualname in checked:
         native.write_frame(*args)
         gen = args[0]

@@ -21,31 +21,34 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ._codec import Corrupt, Sealer
 
 __all__ = [
     "AVG_CHUNK",
-    "Manifest",
+    "Entry",
     "build_manifest",
     "decode_chunk",
     "encode_chunk",
+    "encode_node",
+    "pack_entries",
     "parse_entries",
+    "SplitMemo",
     "split",
 ]
 
-AVG_CHUNK = 8192
+AVG_CHUNK = 4096
 DIRECT_MAX = 32
 GROUP_FANOUT = 16
 GROUP_MAX = 128
 _RAW = 0
 _ZSTD = 1
-_ENTRY = struct.Struct("<32sI")
+_ENTRY = struct.Struct("<Q32sI")
 
 _local = threading.local()
 
-Entry = tuple[bytes, int]
+Entry = tuple[int, bytes, int]  # (chunk id, keyed-hash address, raw length)
 
 
 def _chunker() -> object:
@@ -66,15 +69,48 @@ def _zstd() -> tuple[object, object]:
     return pair  # type: ignore[no-any-return]
 
 
-def split(sealer: Sealer, payload: bytes | memoryview) -> list[tuple[bytes, memoryview]]:
+class SplitMemo:
+    """The previous payload of one run, to skip re-hashing chunks that did not change.
+
+    A new chunk whose FastCDC gear hash and length match a chunk of the
+    previous payload is compared byte for byte with it (memcmp: ~10x faster
+    than BLAKE2b) and, if equal, reuses its address.
+    """
+
+    __slots__ = ("payload", "index")
+
+    def __init__(self) -> None:
+        self.payload = b""
+        self.index: dict[tuple[int, int], tuple[int, bytes]] = {}
+
+
+def split(
+    sealer: Sealer, payload: bytes | memoryview, memo: SplitMemo | None = None
+) -> list[tuple[bytes, memoryview]]:
     """Cut ``payload`` into content-defined chunks; return ``(address, piece)`` pairs."""
     view = memoryview(payload).cast("B")
     if len(view) == 0:
         return []
     out: list[tuple[bytes, memoryview]] = []
+    old = memo.payload if memo is not None else b""
+    data = payload if isinstance(payload, bytes) else bytes(view)
+    index: dict[tuple[int, int], tuple[int, bytes]] = {}
     for ch in _chunker().cut_buf(view):  # type: ignore[attr-defined]
-        piece = view[ch.offset : ch.offset + ch.length]
-        out.append((sealer.chunk_id(piece), piece))
+        off, n = ch.offset, ch.length
+        piece = view[off : off + n]
+        sig = (ch.gear_hash, n)
+        addr = None
+        if memo is not None:
+            hit = memo.index.get(sig)
+            if hit is not None and old[hit[0] : hit[0] + n] == data[off : off + n]:
+                addr = hit[1]
+        if addr is None:
+            addr = sealer.chunk_id(piece)
+        index[sig] = (off, addr)
+        out.append((addr, piece))
+    if memo is not None:
+        memo.payload = data
+        memo.index = index
     return out
 
 
@@ -112,44 +148,52 @@ def decode_chunk(sealer: Sealer, address: bytes, stored: bytes | memoryview, raw
 
 
 def pack_entries(entries: Iterable[Entry]) -> bytes:
-    """Binary form of a list of ``(address, length)`` entries."""
-    return b"".join(_ENTRY.pack(h, n) for h, n in entries)
+    """Binary form of a list of ``(chunk id, address, length)`` entries."""
+    return b"".join(_ENTRY.pack(i, h, n) for i, h, n in entries)
 
 
 def parse_entries(blob: bytes) -> list[Entry]:
     """Inverse of :func:`pack_entries`; raise Corrupt on a bad length."""
     if len(blob) % _ENTRY.size:
         raise Corrupt("manifest has a truncated entry")
-    return [(bytes(h), int(n)) for h, n in _ENTRY.iter_unpack(blob)]
+    return [(int(i), bytes(h), int(n)) for i, h, n in _ENTRY.iter_unpack(blob)]
 
 
-class Manifest:
-    """A snapshot's chunk list, either direct or through group nodes."""
+def build_manifest(
+    sealer: Sealer,
+    leaves: list[Entry],
+    node_id: Callable[[bytes], int],
+    memo: dict[bytes, bytes] | None = None,
+) -> tuple[int, list[Entry], dict[int, bytes]]:
+    """Group ``leaves`` by content, level over level, until at most ``DIRECT_MAX`` remain.
 
-    __slots__ = ("grouped", "top", "nodes")
-
-    def __init__(self, grouped: bool, top: list[Entry], nodes: dict[bytes, bytes]) -> None:
-        self.grouped = grouped
-        #: direct: the leaf entries; grouped: (group address, node length) entries
-        self.top = top
-        #: group node contents by address (only those built here)
-        self.nodes = nodes
-
-
-def build_manifest(sealer: Sealer, leaves: list[Entry]) -> Manifest:
-    """Group ``leaves`` by content when there are many of them."""
-    if len(leaves) <= DIRECT_MAX:
-        return Manifest(False, list(leaves), {})
+    Returns ``(depth, top entries, group nodes by id)``: depth 0 means the top
+    entries are the leaves themselves.  ``node_id(address)`` gives the chunk
+    id of a group node (reusing the previous snapshot's id when unchanged).
+    ``memo`` maps node content to address across calls (it is replaced by
+    this call's nodes), to avoid re-hashing unchanged nodes.
+    """
+    seen: dict[bytes, bytes] = {}
     mask = GROUP_FANOUT - 1
-    top: list[Entry] = []
-    nodes: dict[bytes, bytes] = {}
-    group: list[Entry] = []
-    for i, entry in enumerate(leaves):
-        group.append(entry)
-        if (entry[0][-1] & mask) == mask or len(group) >= GROUP_MAX or i == len(leaves) - 1:
-            content = pack_entries(group)
-            addr = sealer.chunk_id(content)
-            nodes[addr] = content
-            top.append((addr, len(content)))
-            group = []
-    return Manifest(True, top, nodes)
+    nodes: dict[int, bytes] = {}
+    level = list(leaves)
+    depth = 0
+    while len(level) > DIRECT_MAX:
+        depth += 1
+        upper: list[Entry] = []
+        group: list[Entry] = []
+        for i, entry in enumerate(level):
+            group.append(entry)
+            if (entry[1][-1] & mask) == mask or len(group) >= GROUP_MAX or i == len(level) - 1:
+                content = pack_entries(group)
+                addr = (memo or seen).get(content) or sealer.chunk_id(content)
+                seen[content] = addr
+                nid = node_id(addr)
+                nodes[nid] = content
+                upper.append((nid, addr, len(content)))
+                group = []
+        level = upper
+    if memo is not None:
+        memo.clear()
+        memo.update(seen)
+    return depth, level, nodes

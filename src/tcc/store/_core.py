@@ -9,33 +9,17 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError
-from ._api import (
-    RUN_STATUSES,
-    Completion,
-    Event,
-    GcStats,
-    JournalRecord,
-    RunInfo,
-    SnapshotInfo,
-)
-from ._chunks import (
-    build_manifest,
-    decode_chunk,
-    encode_chunk,
-    encode_node,
-    pack_entries,
-    parse_entries,
-    split,
-)
+from ._api import RunInfo, SnapshotInfo
+from ._chunks import SplitMemo, decode_chunk, parse_entries
 from ._codec import Corrupt, check_name, prefix, seq_key
 from ._env import acquire
-from ._refs import HeldCache, SnapRow, apply_diff, iter_prefix, snap_rows, sweep
+from ._refs import HeldCache, SnapRow, apply_diff, data_key, iter_prefix
 
 __all__ = ["HOST", "StoreCore", "last_seq"]
 
@@ -81,6 +65,8 @@ class StoreCore:
         self._sealer = self._h.sealer
         self._held = HeldCache(self._sealer)
         self._closed = False
+        self._memo_lock = threading.Lock()
+        self._memos: dict[bytes, tuple[SplitMemo, dict[bytes, bytes]]] = {}
 
     # ------------------------------------------------------------- properties
     @property
@@ -188,8 +174,8 @@ class StoreCore:
         pfx: bytes,
         rows: list[SnapRow],
         new: SnapRow | None,
-        new_held: set[bytes],
-        stored_form: Callable[[bytes], bytes | None],
+        new_held: set[int],
+        stored_form: Callable[[int], bytes | None],
     ) -> int:
         """Add ``new`` (if any), drop snapshots past retention, fix refcounts; return #dropped."""
         dbs = self._dbs
@@ -227,17 +213,16 @@ class StoreCore:
         try:
             hdr, blobs = self._sealer.open(b"snaps", key, value)
             leaves = parse_entries(blobs["m"])
-            if hdr["g"]:
-                nodes = leaves
-                leaves = []
-                for addr, n in nodes:
-                    stored = txn.get(addr, db=chunks)
+            for _ in range(int(hdr["g"])):
+                nodes, leaves = leaves, []
+                for cid, addr, n in nodes:
+                    stored = txn.get(data_key(cid), db=chunks)
                     if stored is None:
                         raise Corrupt("a group node is missing")
                     leaves.extend(parse_entries(decode_chunk(self._sealer, addr, stored, n)))
             out = bytearray()
-            for addr, n in leaves:
-                stored = txn.get(addr, db=chunks)
+            for cid, addr, n in leaves:
+                stored = txn.get(data_key(cid), db=chunks)
                 if stored is None:
                     raise Corrupt("a chunk is missing")
                 out += decode_chunk(self._sealer, addr, stored, n)

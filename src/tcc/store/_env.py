@@ -33,7 +33,7 @@ from ._codec import SECRET_NAME, Corrupt, Sealer, load_or_create_secret
 __all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
 
 T = TypeVar("T")
-DBS = ("meta", "runs", "journal", "snaps", "chunks", "refs", "signals", "events", "pins")
+DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins")
 FORMAT = {"magic": "tcc-store", "version": 1}
 LOCK_NAME = "tcc.lock"
 _OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME}
@@ -111,22 +111,23 @@ class EnvHandle:
         self._leader = False
         self._writes = 0
         self._last_reader_check = time.monotonic()
-        self._prepare_dir(create)
+        has_data = self._prepare_dir(create)
         try:
-            self.sealer = Sealer(load_or_create_secret(path, create))
+            self.sealer = Sealer(load_or_create_secret(path, create and not has_data))
         except Corrupt as exc:
             raise StoreCorruptError(f"store {path}: {exc}; restore the secret from a backup") from None
         except FileNotFoundError:
             raise StoreCorruptError(
-                f"store {path} has data but no '{SECRET_NAME}' file, so nothing in it can be "
-                "verified; restore the secret file from a backup"
+                f"{path} has a data file but no '{SECRET_NAME}' file: it is not a tcc store, or "
+                "its secret was lost and nothing in it can be verified; restore the secret file "
+                "from a backup or choose another path"
             ) from None
         self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._lockfd, fcntl.LOCK_SH)
         self._open_env()
 
     # ------------------------------------------------------------------ opening
-    def _prepare_dir(self, create: bool) -> None:
+    def _prepare_dir(self, create: bool) -> bool:
         path = self.path
         if os.path.exists(path) and not os.path.isdir(path):
             raise StoreCorruptError(f"store path {path} is a file, not a store directory; "
@@ -145,6 +146,7 @@ class EnvHandle:
                 raise StoreCorruptError(
                     f"{path} is not empty and is not a tcc store (it holds {sorted(foreign)[:3]}); "
                     "choose an empty or new directory")
+        return has_data
 
     def _open_env(self) -> None:
         path = self.path
@@ -163,6 +165,13 @@ class EnvHandle:
         self.env.reader_check()
         self.map_size = self.env.info()["map_size"]
         self.dbs: dict[str, Any] = {}
+        with self.env.begin() as txn:  # look before writing anything into a foreign file
+            entries = self.env.stat()["entries"]
+            is_ours = txn.get(b"meta") is not None
+        if entries and not is_ours:
+            self.env.close()
+            raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store; "
+                                    "choose another path")
         try:
             with self.env.begin(write=True) as txn:
                 for name in DBS:
@@ -178,7 +187,7 @@ class EnvHandle:
 
         raw = txn.get(b"format", db=self.dbs["meta"])
         if raw is None:
-            if txn.stat(self.dbs["runs"])["entries"] or txn.stat(self.dbs["chunks"])["entries"]:
+            if txn.stat(self.dbs["runs"])["entries"] or txn.stat(self.dbs["snaps"])["entries"]:
                 raise StoreCorruptError(f"store {self.path} has records but no format header")
             store_id = os.urandom(16).hex()
             hdr = {**FORMAT, "store_id": store_id,

@@ -9,11 +9,11 @@ from typing import Any
 
 from ..errors import FencedError, StoreCorruptError, StoreError
 from ._api import RUN_STATUSES, Completion, JournalRecord, RunInfo, SnapshotInfo
-from ._chunks import build_manifest, encode_chunk, encode_node, pack_entries, split
+from ._chunks import SplitMemo, build_manifest, encode_chunk, encode_node, pack_entries, split
 from ._codec import Corrupt, prefix, seq_key
 from ._core import HOST, last_seq
 from ._maint import Maintenance
-from ._refs import iter_prefix, snap_rows
+from ._refs import iter_prefix, next_chunk_id, snap_rows
 
 __all__ = ["LmdbStore"]
 
@@ -239,26 +239,25 @@ class LmdbStore(Maintenance):
         """
         rid = self._rid(run_id)
         sealer, dbs = self._sealer, self._dbs
-        ordered = split(sealer, payload)
+        with self._memo_lock:
+            memo, gmemo = self._memos.pop(rid, None) or (SplitMemo(), {})
+        ordered = split(sealer, payload, memo)
         pieces = dict(ordered)
-        leaves = [(h, len(p)) for h, p in ordered]
-        manifest = build_manifest(sealer, leaves)
-        fresh = self._read(lambda txn: [h for h in pieces if txn.get(h, db=dbs["refs"]) is None])
-        encoded = {h: encode_chunk(pieces[h]) for h in fresh}
         size = len(memoryview(payload).cast("B"))
         pfx = prefix(self._t, rid)
         now = time.time()
 
-        def stored_form(addr: bytes) -> bytes | None:
-            if addr in encoded:
-                return encoded[addr]
-            if addr in pieces:
-                return encode_chunk(pieces[addr])
-            if addr in manifest.nodes:
-                return encode_node(manifest.nodes[addr])
-            return None
+        def previous(txn: Any) -> tuple[bytes | None, dict[bytes, int]]:
+            """The newest snapshot's record MAC and its address -> chunk id map."""
+            rows = snap_rows(txn, dbs["snaps"], pfx)  # TODO: only the last row is needed
+            if not rows:
+                return None, {}
+            _, key, value = rows[-1]
+            return bytes(value[:16]), self._held.held(txn, dbs, key, value).by_addr
 
-        new_held = {h for h, _ in leaves} | set(manifest.nodes)
+        prev_tag, prev_map = self._read(previous)
+        # compress what is new outside the write transaction
+        encoded = {h: encode_chunk(p) for h, p in pieces.items() if h not in prev_map}
 
         def op(txn: Any) -> SnapshotInfo:
             self._fence(txn, rid, epoch)
@@ -267,14 +266,50 @@ class LmdbStore(Maintenance):
                 self._completion(txn, rid, jlen, completion, now)
                 jlen += 1
             rows = snap_rows(txn, dbs["snaps"], pfx)
+            tag, by_addr = previous(txn)
+            if tag != prev_tag:  # another writer of the same epoch got in between
+                by_addr = self._held.held(txn, dbs, rows[-1][1], rows[-1][2]).by_addr if rows else {}
+            next_id = next_chunk_id(txn, dbs["chunks"])
+            new: dict[int, bytes] = {}
+            ids: dict[bytes, int] = {}
+
+            def chunk_id(addr: bytes) -> int:
+                nonlocal next_id
+                cid = ids.get(addr)
+                if cid is None:
+                    cid = by_addr.get(addr)
+                    if cid is None:
+                        cid = next_id
+                        next_id += 1
+                        new[cid] = addr
+                    ids[addr] = cid
+                return cid
+
+            leaves = [(chunk_id(h), h, len(p)) for h, p in ordered]
+            depth, top, nodes = build_manifest(sealer, leaves, chunk_id, gmemo)
+
+            def stored_form(cid: int) -> bytes | None:
+                addr = new.get(cid)
+                if addr is None:
+                    return None
+                if cid in nodes:
+                    return encode_node(nodes[cid])
+                return encoded.get(addr) or encode_chunk(pieces[addr])
+
             number = rows[-1][0] + 1 if rows else 1
             key = seq_key(self._t, rid, number)
-            value = sealer.seal(b"snaps", key, {"j": jlen, "s": size, "t": now, "g": manifest.grouped},
-                                {"m": pack_entries(manifest.top)})
-            self._retain(txn, pfx, rows, (number, key, value), new_held, stored_form)
+            value = sealer.seal(b"snaps", key, {"j": jlen, "s": size, "t": now, "g": depth},
+                                {"m": pack_entries(top)})
+            self._retain(txn, pfx, rows, (number, key, value), set(ids.values()), stored_form)
             return SnapshotInfo(run_id, number, jlen, size, now)
 
-        return self._write(op)
+        try:
+            return self._write(op)
+        finally:
+            with self._memo_lock:
+                self._memos[rid] = (memo, gmemo)
+                while len(self._memos) > 8:
+                    self._memos.pop(next(iter(self._memos)))
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
         """Stored snapshots of the run, oldest first (records verified)."""

@@ -1,16 +1,29 @@
-"""Chunk reference counting, snapshot retention and chunk garbage collection.
+"""Chunk storage by id, reference counting, retention and garbage collection.
 
-Invariant: ``refs[address]`` is the number of *runs* that hold the chunk, where
-a run holds every chunk (and group node) reachable from any of its stored
-snapshot manifests.  Counting runs rather than snapshots is what keeps a
-checkpoint O(delta): consecutive snapshots of a run share almost all chunks,
-so a commit only increments the chunks that no retained snapshot of the run
-had before and decrements those that no retained snapshot has after.  A chunk
-whose count reaches zero is deleted in the same transaction.
+Chunks live in the ``chunks`` database under sequential ids::
 
-When a manifest cannot be read (it was damaged), it contributes only what is
-readable.  That can only leak chunks (never free a chunk a readable snapshot
-needs); :func:`sweep` recomputes every count from the manifests and repairs
+    u64(id) + b"d"  -> codec byte + stored bytes
+    u64(id) + b"r"  -> number of runs holding the chunk (u32 LE)
+
+New chunks always get ids above every existing one, and the chunks a commit
+frees are those of the snapshot dropped ``keep`` steps ago, which are also
+recent: so a commit touches the right edge of the B-tree only, whatever the
+size of the store.  (Keying chunks by their content hash scatters every commit
+over the whole tree and made bytes/step grow with run length.)  The keyed
+hash is still the chunk's identity and MAC: manifests carry it next to the id,
+and a chunk is verified against it on every read.
+
+Invariant: the ``r`` count of a chunk is the number of *runs* that hold it,
+where a run holds every chunk (and group node) reachable from any of its
+stored snapshot manifests.  Counting runs rather than snapshots is what keeps
+a checkpoint O(delta): consecutive snapshots share almost all chunks, so a
+commit only increments the chunks that no stored snapshot of the run had
+before and decrements those that none has after; a chunk whose count reaches
+zero is deleted in the same transaction.
+
+A manifest that cannot be read (it was damaged) contributes only what is
+readable.  That can only leak chunks, never free one a readable snapshot
+needs; :func:`sweep` recomputes every count from the manifests and repairs
 such leaks.
 """
 
@@ -22,19 +35,44 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._chunks import decode_chunk, parse_entries
-from ._codec import Corrupt, Sealer
+from ._codec import Corrupt, Sealer, u64
 
-__all__ = ["HeldCache", "SnapRow", "apply_diff", "iter_prefix", "snap_rows", "sweep"]
+__all__ = [
+    "Held",
+    "HeldCache",
+    "SnapRow",
+    "apply_diff",
+    "data_key",
+    "iter_prefix",
+    "next_chunk_id",
+    "snap_rows",
+    "sweep",
+]
 
 _REF = struct.Struct("<I")
 
 SnapRow = tuple[int, bytes, bytes]  # (number, key, sealed value)
 
 
+def data_key(cid: int) -> bytes:
+    """Key of a chunk's stored bytes."""
+    return u64(cid) + b"d"
+
+
+def _ref_key(cid: int) -> bytes:
+    return u64(cid) + b"r"
+
+
+def next_chunk_id(txn: Any, db: Any) -> int:
+    """One more than the highest chunk id in use."""
+    cur = txn.cursor(db=db)
+    return int.from_bytes(cur.key()[:8], "big") + 1 if cur.last() else 1
+
+
 def iter_prefix(txn: Any, db: Any, pfx: bytes) -> Iterator[tuple[bytes, bytes]]:
     """All (key, value) pairs of ``db`` whose key starts with ``pfx``, in key order."""
     cur = txn.cursor(db=db)
-    if not cur.set_range(pfx):
+    if not (cur.set_range(pfx) if pfx else cur.first()):
         return
     for key, value in cur:
         if not key.startswith(pfx):
@@ -50,87 +88,104 @@ def snap_rows(txn: Any, db: Any, pfx: bytes) -> list[SnapRow]:
     ]
 
 
-class HeldCache:
-    """Computes (and caches by record MAC) the chunk set a snapshot record holds."""
+class Held:
+    """What one snapshot references: chunk ids, and its address -> id map for dedup."""
 
-    def __init__(self, sealer: Sealer, size: int = 256) -> None:
+    __slots__ = ("ids", "by_addr")
+
+    def __init__(self, ids: frozenset[int], by_addr: dict[bytes, int]) -> None:
+        self.ids = ids
+        self.by_addr = by_addr
+
+
+_EMPTY = Held(frozenset(), {})
+
+
+class HeldCache:
+    """Computes (and caches by record MAC) what a snapshot record references."""
+
+    def __init__(self, sealer: Sealer, size: int = 64) -> None:
         self._sealer = sealer
-        self._cache: OrderedDict[bytes, frozenset[bytes]] = OrderedDict()
+        self._cache: OrderedDict[bytes, Held] = OrderedDict()
         self._size = size
 
-    def held(self, txn: Any, dbs: dict[str, Any], key: bytes, value: bytes) -> frozenset[bytes]:
-        """Addresses of every chunk and group node the snapshot at ``key`` references."""
+    def held(self, txn: Any, dbs: dict[str, Any], key: bytes, value: bytes) -> Held:
+        """Every chunk and group node the snapshot record (``key``, ``value``) references."""
         tag = bytes(value[:16]) + key
         got = self._cache.get(tag)
         if got is not None:
             self._cache.move_to_end(tag)
             return got
-        out: set[bytes] = set()
+        by_addr: dict[bytes, int] = {}
         ok = True
         try:
             hdr, blobs = self._sealer.open(b"snaps", key, value)
             top = parse_entries(blobs.get("m", b""))
         except (Corrupt, ValueError, KeyError):
-            return frozenset()
-        for addr, n in top:
-            out.add(addr)
-            if hdr.get("g"):
-                stored = txn.get(addr, db=dbs["chunks"])
+            return _EMPTY
+        level = top
+        for _ in range(int(hdr.get("g", 0))):
+            below: list[tuple[int, bytes, int]] = []
+            for cid, addr, n in level:
+                by_addr[addr] = cid
+                stored = txn.get(data_key(cid), db=dbs["chunks"])
                 try:
                     if stored is None:
                         raise Corrupt("missing group node")
-                    out.update(h for h, _ in parse_entries(decode_chunk(self._sealer, addr, stored, n)))
+                    below.extend(parse_entries(decode_chunk(self._sealer, addr, stored, n)))
                 except Corrupt:
                     ok = False
-        result = frozenset(out)
+            level = below
+        for cid, addr, _ in level:
+            by_addr[addr] = cid
+        result = Held(frozenset(by_addr.values()), by_addr)
         if ok:
             self._cache[tag] = result
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return result
 
-    def union(self, txn: Any, dbs: dict[str, Any], rows: Iterable[SnapRow]) -> set[bytes]:
-        """Union of :meth:`held` over ``rows``."""
-        out: set[bytes] = set()
+    def union(self, txn: Any, dbs: dict[str, Any], rows: Iterable[SnapRow]) -> set[int]:
+        """Union of the chunk ids of ``rows``."""
+        out: set[int] = set()
         for _, key, value in rows:
-            out |= self.held(txn, dbs, key, value)
+            out |= self.held(txn, dbs, key, value).ids
         return out
 
 
 def apply_diff(
     txn: Any,
     dbs: dict[str, Any],
-    before: set[bytes],
-    after: set[bytes],
-    stored_form: Callable[[bytes], bytes | None],
+    before: set[int],
+    after: set[int],
+    stored_form: Callable[[int], bytes | None],
 ) -> None:
-    """Increment chunks in ``after - before``, decrement (and maybe delete) ``before - after``.
+    """Increment chunks in ``after - before``, decrement (maybe delete) ``before - after``.
 
-    ``stored_form(address)`` gives the bytes to store for a chunk that is not
-    in the store yet (None if the caller cannot provide it: then the chunk
-    must already exist).
+    ``stored_form(id)`` gives the bytes of a chunk that is not stored yet
+    (None if the caller has none: then the chunk must exist already).
     """
-    refs, chunks = dbs["refs"], dbs["chunks"]
-    for addr in sorted(after - before):
-        raw = txn.get(addr, db=refs)
+    db = dbs["chunks"]
+    for cid in sorted(after - before):
+        raw = txn.get(_ref_key(cid), db=db)
         if raw is not None:
-            txn.put(addr, _REF.pack(_REF.unpack(raw)[0] + 1), db=refs)
+            txn.put(_ref_key(cid), _REF.pack(_REF.unpack(raw)[0] + 1), db=db)
             continue
-        data = stored_form(addr)
+        data = stored_form(cid)
         if data is None:
-            if txn.get(addr, db=chunks) is None:
-                continue  # referenced chunk is gone (damage); sweep() accounts for it
+            if txn.get(data_key(cid), db=db) is None:
+                continue  # a referenced chunk is gone (damage); sweep() accounts for it
         else:
-            txn.put(addr, data, db=chunks)
-        txn.put(addr, _REF.pack(1), db=refs)
-    for addr in sorted(before - after):
-        raw = txn.get(addr, db=refs)
+            txn.put(data_key(cid), data, db=db)
+        txn.put(_ref_key(cid), _REF.pack(1), db=db)
+    for cid in sorted(before - after):
+        raw = txn.get(_ref_key(cid), db=db)
         count = _REF.unpack(raw)[0] if raw is not None else 0
         if count <= 1:
-            txn.delete(addr, db=refs)
-            txn.delete(addr, db=chunks)
+            txn.delete(_ref_key(cid), db=db)
+            txn.delete(data_key(cid), db=db)
         else:
-            txn.put(addr, _REF.pack(count - 1), db=refs)
+            txn.put(_ref_key(cid), _REF.pack(count - 1), db=db)
 
 
 def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
@@ -139,34 +194,29 @@ def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
     Deletes chunks nothing references and repairs wrong counts.  Returns
     ``(chunks_deleted, refs_repaired)``.
     """
-    per_run: dict[bytes, set[bytes]] = {}
+    per_run: dict[bytes, set[int]] = {}
     for key, value in iter_prefix(txn, dbs["snaps"], b""):
-        per_run.setdefault(bytes(key[:-8]), set()).update(cache.held(txn, dbs, key, value))
-    truth: dict[bytes, int] = {}
+        per_run.setdefault(bytes(key[:-8]), set()).update(cache.held(txn, dbs, key, value).ids)
+    truth: dict[int, int] = {}
     for held in per_run.values():
-        for addr in held:
-            truth[addr] = truth.get(addr, 0) + 1
+        for cid in held:
+            truth[cid] = truth.get(cid, 0) + 1
+    db = dbs["chunks"]
+    present: dict[int, int | None] = {}  # id -> stored count (None: data without count)
+    for key, raw in iter_prefix(txn, db, b""):
+        cid = int.from_bytes(key[:8], "big")
+        if key[8:] == b"r":
+            present[cid] = _REF.unpack(raw)[0]
+        else:
+            present.setdefault(cid, None)
     deleted = repaired = 0
-    doomed: list[bytes] = []
-    fixes: list[tuple[bytes, int]] = []
-    for addr, raw in iter_prefix(txn, dbs["refs"], b""):
-        want = truth.get(bytes(addr))
+    for cid, count in present.items():
+        want = truth.get(cid)
         if want is None:
-            doomed.append(bytes(addr))
-        elif _REF.unpack(raw)[0] != want:
-            fixes.append((bytes(addr), want))
-    for addr, _ in iter_prefix(txn, dbs["chunks"], b""):
-        a = bytes(addr)
-        if a not in truth and txn.get(a, db=dbs["refs"]) is None:
-            doomed.append(a)
-    for addr, want in truth.items():
-        if txn.get(addr, db=dbs["refs"]) is None and txn.get(addr, db=dbs["chunks"]) is not None:
-            fixes.append((addr, want))
-    for addr in set(doomed):
-        txn.delete(addr, db=dbs["refs"])
-        if txn.delete(addr, db=dbs["chunks"]):
-            deleted += 1
-    for addr, want in fixes:
-        txn.put(addr, _REF.pack(want), db=dbs["refs"])
-        repaired += 1
+            txn.delete(_ref_key(cid), db=db)
+            if txn.delete(data_key(cid), db=db):
+                deleted += 1
+        elif count != want and txn.get(data_key(cid), db=db) is not None:
+            txn.put(_ref_key(cid), _REF.pack(want), db=db)
+            repaired += 1
     return deleted, repaired

@@ -1,0 +1,5 @@
+"""The ``tcc`` command line."""
+
+from ._main import main as main
+
+__all__ = ["main"]

@@ -1,0 +1,77 @@
+"""tcc.store: the durable store (runs, journal, snapshots, signals, events).
+
+The runtime talks to a :class:`Store`; :class:`LmdbStore` is the embedded
+backend.  Open one with :func:`open_store`::
+
+    from tcc.store import open_store
+
+    with open_store() as store:                     # ./.tcc or $TCC_STORE
+        run = store.create_run("agent.py:main")
+        store.checkpoint(run.run_id, run.epoch, payload)
+
+The store knows nothing about frames: it keeps opaque ``bytes`` with keyed
+integrity checks.  See ``docs/store.md`` for durability modes, layout,
+integrity, retention and errors.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._api import RUN_STATUSES as RUN_STATUSES
+from ._api import Completion as Completion
+from ._api import Durability as Durability
+from ._api import Event as Event
+from ._api import GcStats as GcStats
+from ._api import JournalRecord as JournalRecord
+from ._api import RunInfo as RunInfo
+from ._api import RunStatus as RunStatus
+from ._api import SnapshotInfo as SnapshotInfo
+from ._api import Store as Store
+from ._lmdb import LmdbStore as LmdbStore
+
+__all__ = [
+    "RUN_STATUSES",
+    "Completion",
+    "Durability",
+    "Event",
+    "GcStats",
+    "JournalRecord",
+    "LmdbStore",
+    "RunInfo",
+    "RunStatus",
+    "SnapshotInfo",
+    "Store",
+    "default_path",
+    "open_store",
+]
+
+
+def default_path() -> str:
+    """``$TCC_STORE`` if set, else ``./.tcc`` (absolute)."""
+    return os.path.abspath(os.environ.get("TCC_STORE") or ".tcc")
+
+
+def open_store(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    tenant: str = "default",
+    durability: str = "sync",
+    create: bool = True,
+    keep: int = 3,
+    map_size: int | None = None,
+    max_map_size: int | None = None,
+) -> LmdbStore:
+    """Open (by default creating) the store at ``path`` for one tenant.
+
+    ``durability`` is ``"sync"`` (fsync every commit), ``"group"``
+    (concurrent commits share one fsync; same guarantee as sync) or
+    ``"none"`` (no fsync: safe against process crashes only).  ``keep`` is
+    how many newest snapshots per run retention keeps.  ``map_size`` (default
+    1 GiB or ``$TCC_STORE_MAP_SIZE``) is the initial sparse map; it doubles
+    on demand up to ``max_map_size`` (default 1 TiB or
+    ``$TCC_STORE_MAX_MAP_SIZE``).
+    """
+    where = os.fspath(path) if path is not None else default_path()
+    return LmdbStore(where, tenant=tenant, durability=durability, create=create, keep=keep,
+                     map_size=map_size, max_map_size=max_map_size)

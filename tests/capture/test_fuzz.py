@@ -1,0 +1,222 @@
+"""Fuzz: mutated snapshots and frame records never crash the interpreter.
+
+Three layers, each run in a child process whose death by a signal fails the
+test (the last mutant it started is written out for reproduction):
+
+* ``sealed``  -- bit flips, truncations, splices and byte insertions in whole
+  blobs.  All must be refused (the integrity digest guarantees it).
+* ``payload`` -- the same mutations applied to the pickle *inside* the
+  envelope, which is then resealed, so they reach the unpickler and the
+  native validation.  Each must load or raise; none may crash.
+* ``record``  -- frame records handed straight to ``_native.check_frame`` /
+  ``write_frame`` with corrupted offsets, states, slot counts, cell slots and
+  exception state.
+
+Sizes: ``TCC_FUZZ_MUTANTS`` per layer (default 300; the slow tier runs 3000).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+
+import pytest
+
+import programs
+import tcc
+from childrun import child_env
+from tcc.capture import _blob
+
+MUTANTS = int(os.environ.get("TCC_FUZZ_MUTANTS", "300"))
+
+CHILD = r"""
+import base64, json, os, sys
+import tcc
+from tcc import _native
+from tcc.capture import _records, _frames
+import programs
+
+mode, path = sys.argv[1], sys.argv[2]
+outcomes = {}
+keep = []  # never finalised: see the module docstring
+def note(key):
+    outcomes[key] = outcomes.get(key, 0) + 1
+
+if mode == "record":
+    import random
+    rng = random.Random(int(sys.argv[3]))
+    count = int(sys.argv[4])
+    sources = []
+    for name in sorted(programs.PROGRAMS):
+        task = programs.PROGRAMS[name]()
+        programs.advance(task, 1)
+        gen = task
+        while gen is not None:  # every frame of the chain
+            sources.append((gen, _native.read_frame(gen, _records.NULL)))
+            gen = getattr(gen, "cr_await", None) or getattr(gen, "gi_yieldfrom", None)
+            if not isinstance(gen, _frames.GENERATOR_TYPES):
+                gen = None
+        keep.append(task)
+    pool = [None, _records.NULL, 0, -1, "x", (), object(), ValueError("v"), type(lambda: 0).__code__]
+    for i in range(count):
+        gen, (state, offset, slots, exc, func) = rng.choice(sources)
+        if state != _frames.SUSPENDED:
+            continue
+        slots = list(slots)
+        what = rng.randrange(6)
+        if what == 0:
+            offset = rng.choice([offset + rng.randint(-6, 6), rng.randint(-3, 10**6), -1, 2**31 - 1])
+        elif what == 1:
+            state = rng.choice([-5, 0, 2, 3, 99])
+        elif what == 2:
+            n = rng.randint(0, len(slots) + 40)
+            slots = (slots + [None] * n)[:n]
+        elif what == 3 and slots:
+            slots[rng.randrange(len(slots))] = rng.choice(pool)
+        elif what == 4:
+            exc = rng.choice(pool)
+        else:
+            rng.shuffle(slots)
+        fresh = _frames.fresh_generator(func)
+        keep.append(fresh)
+        print(i, flush=True)
+        try:
+            _native.check_frame(fresh, func.__code__, state, offset, tuple(slots), exc, _records.NULL)
+            _native.write_frame(fresh, func.__code__, state, offset, tuple(slots), exc, _records.NULL)
+            note("written")
+        except (TypeError, ValueError, OverflowError) as e:
+            note(type(e).__name__)
+else:
+    for i, line in enumerate(open(path)):
+        print(i, flush=True)
+        try:
+            keep.append(tcc.loads(base64.b64decode(line)))
+            note("loaded")
+        except tcc.RestoreError as e:
+            note(type(e).__name__)
+        except Exception as e:  # a non-tcc error is a finding, but not a crash
+            note("other:" + type(e).__name__)
+print(json.dumps(outcomes), flush=True)
+os._exit(0)  # skip finalisers: we test loading, not running, mutants
+"""
+
+
+def corpus() -> list[tuple[bytes, bytes]]:
+    """(blob, payload) pairs: every program at a few suspension points."""
+    out = []
+    for name in sorted(programs.PROGRAMS):
+        trace, _ = programs.drive(programs.PROGRAMS[name]())
+        for k in sorted({0, 1, len(trace) // 2, len(trace)}):
+            task = programs.PROGRAMS[name]()
+            pending = programs.advance(task, k)
+            payload = tcc.capture.dump_payload((task, pending))
+            out.append((_blob.seal(payload), payload))
+            programs.drive(task, first=pending)
+    return out
+
+
+def mutate(rng: random.Random, data: bytes, other: bytes) -> bytes:
+    data = bytearray(data)
+    kind = rng.randrange(5)
+    if kind == 0:
+        for _ in range(rng.randint(1, 4)):
+            pos = rng.randrange(len(data))
+            data[pos] ^= 1 << rng.randrange(8)
+    elif kind == 1:
+        del data[rng.randrange(len(data)) :]
+    elif kind == 2:
+        cut = rng.randrange(len(data))
+        data = data[:cut] + other[rng.randrange(len(other)) :]
+    elif kind == 3:
+        pos = rng.randrange(len(data))
+        data[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+    else:
+        pos = rng.randrange(len(data))
+        data[pos] = rng.choice([0, 0xFF, 0x7F, 0x80, data[pos] + 1 & 0xFF])
+    return bytes(data)
+
+
+def limit_memory() -> None:
+    # A mutated length field must end as MemoryError, not as an OOM kill.
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def run_child(tmp_path, mode: str, *args: str) -> dict[str, int]:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, *args],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        preexec_fn=limit_memory,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0:
+        last = lines[-1] if lines else "?"
+        (tmp_path / "crasher.txt").write_text(f"mode={mode} args={args} last-index={last}\n")
+        pytest.fail(
+            f"child died (returncode {proc.returncode}) at {mode} mutant {last}; "
+            f"stderr tail: {proc.stderr[-2000:]}"
+        )
+    return json.loads(lines[-1])
+
+
+def write_mutants(tmp_path, mutants: list[bytes]) -> str:
+    path = tmp_path / "mutants.txt"
+    path.write_text("".join(base64.b64encode(m).decode() + "\n" for m in mutants))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    return corpus()
+
+
+def test_mutated_sealed_blobs_are_all_refused(seeds, tmp_path):
+    """Every mutation of a sealed snapshot is refused with a RestoreError in a child."""
+    rng = random.Random(1234)
+    mutants = []
+    while len(mutants) < MUTANTS:
+        blob, _ = rng.choice(seeds)
+        mutant = mutate(rng, blob, rng.choice(seeds)[0])
+        if mutant != blob:
+            mutants.append(mutant)
+    outcomes = run_child(tmp_path, "sealed", write_mutants(tmp_path, mutants))
+    assert sum(outcomes.values()) == MUTANTS
+    assert "loaded" not in outcomes, outcomes
+    assert not any(key.startswith("other:") for key in outcomes), outcomes
+
+
+def test_mutated_payloads_never_crash_the_loader(seeds, tmp_path):
+    """Mutated pickles behind a valid envelope load or raise, and never crash the child."""
+    rng = random.Random(5678)
+    mutants = []
+    while len(mutants) < MUTANTS:
+        _, payload = rng.choice(seeds)
+        mutant = mutate(rng, payload, rng.choice(seeds)[1])
+        if mutant != payload:
+            mutants.append(_blob.seal(mutant))
+    outcomes = run_child(tmp_path, "payload", write_mutants(tmp_path, mutants))
+    assert sum(outcomes.values()) == MUTANTS
+    assert outcomes.get("CorruptSnapshotError", 0) > MUTANTS // 4, outcomes
+    assert not any(key.startswith("other:") for key in outcomes), outcomes
+
+
+def test_corrupted_frame_records_are_rejected_or_written_safely(tmp_path):
+    """Native validation rejects bad offsets, states, sizes, cells and exception state without crashing."""
+    outcomes = run_child(tmp_path, "record", "-", "99", str(MUTANTS))
+    assert outcomes.get("ValueError", 0) > 0 and outcomes.get("TypeError", 0) > 0, outcomes
+
+
+@pytest.mark.slow
+def test_large_fuzz_campaign(seeds, tmp_path, monkeypatch):
+    """The slow tier: 3000 mutants per layer."""
+    monkeypatch.setattr(sys.modules[__name__], "MUTANTS", 3000)
+    test_mutated_sealed_blobs_are_all_refused(seeds, tmp_path)
+    test_mutated_payloads_never_crash_the_loader(seeds, tmp_path)
+    test_corrupted_frame_records_are_rejected_or_written_safely(tmp_path)

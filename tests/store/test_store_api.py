@@ -1,0 +1,296 @@
+"""Runs, journal, snapshots, signals, events, tenants and housekeeping through the API."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from store_helpers import payload, run_python
+
+import tcc.store
+from tcc.errors import FencedError, RunNotFoundError, StoreError, StoreNotFoundError
+from tcc.store import Completion, LmdbStore, Store, open_store
+
+
+def test_public_names_exported_once() -> None:
+    """Every name in tcc.store.__all__ exists and appears exactly once."""
+    assert len(tcc.store.__all__) == len(set(tcc.store.__all__))
+    for name in tcc.store.__all__:
+        assert hasattr(tcc.store, name)
+
+
+def test_lmdb_store_implements_protocol(store: LmdbStore) -> None:
+    """LmdbStore satisfies the backend-neutral Store protocol."""
+    assert isinstance(store, Store)
+
+
+def test_default_path_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a path, open_store uses $TCC_STORE, else ./.tcc."""
+    monkeypatch.setenv("TCC_STORE", str(tmp_path / "env-store"))
+    with open_store() as s:
+        assert s.path == str(tmp_path / "env-store")
+    monkeypatch.delenv("TCC_STORE")
+    monkeypatch.chdir(tmp_path)
+    with open_store() as s:
+        assert s.path == str(tmp_path / ".tcc")
+
+
+def test_permissions(store: LmdbStore) -> None:
+    """The store directory is 0700 and every file in it 0600."""
+    assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o700
+    for name in os.listdir(store.path):
+        assert stat.S_IMODE(os.stat(os.path.join(store.path, name)).st_mode) == 0o600, name
+
+
+def test_missing_store_without_create(store_path: str) -> None:
+    """create=False on a missing store raises StoreNotFoundError naming the path."""
+    with pytest.raises(StoreNotFoundError, match="no tcc store at"):
+        open_store(store_path, create=False)
+
+
+def test_run_lifecycle(store: LmdbStore) -> None:
+    """A run is created, listed, claimed, and finished with a result."""
+    run = store.create_run("agent.py:main", b"args", run_id="r1")
+    assert (run.status, run.epoch, run.args, run.owner_pid) == ("running", 1, b"args", os.getpid())
+    assert [r.run_id for r in store.list_runs()] == ["r1"]
+    done = store.set_status("r1", 1, "completed", result=b"42")
+    assert (done.status, done.result) == ("completed", b"42")
+    assert store.list_runs(status="running") == []
+    with pytest.raises(ValueError):
+        store.set_status("r1", 1, "exploded")
+    with pytest.raises(StoreError, match="already exists"):
+        store.create_run("x", run_id="r1")
+    assert [e.kind for e in store.events("r1")] == ["created", "completed"]
+
+
+def test_journal_and_checkpoint_atomic_record(store: LmdbStore) -> None:
+    """checkpoint() journals the completion and ties the snapshot to the journal length."""
+    run = store.create_run("e")
+    seq = store.append_intent(run.run_id, 1, "llm", b"prompt", idempotency_key="k", attempt=2)
+    info = store.checkpoint(run.run_id, 1, payload(1),
+                            completion=Completion(seq, result=b"answer", duration=0.5))
+    journal = store.journal(run.run_id)
+    assert [j.kind for j in journal] == ["intent", "completion"]
+    assert (journal[0].name, journal[0].args, journal[0].idempotency_key, journal[0].attempt) == (
+        "llm", b"prompt", "k", 2)
+    assert (journal[1].intent_seq, journal[1].result, journal[1].duration) == (0, b"answer", 0.5)
+    assert (info.number, info.journal_len) == (1, 2)
+    assert store.load_snapshot(run.run_id) == payload(1)
+    err = store.append_completion(run.run_id, 1, Completion(0, error=b"boom"))
+    assert store.journal(run.run_id, start=err)[0].error == b"boom"
+
+
+def test_retention_keeps_newest(store_path: str) -> None:
+    """Only the newest ``keep`` snapshots of a run are kept, and older ones are gone."""
+    with open_store(store_path, keep=2) as s:
+        run = s.create_run("e")
+        for i in range(5):
+            s.checkpoint(run.run_id, 1, payload(i, 20_000))
+        assert [x.number for x in s.snapshots(run.run_id)] == [4, 5]
+        assert s.load_snapshot(run.run_id, 4) == payload(3, 20_000)
+        with pytest.raises(StoreError, match="no snapshot 2"):
+            s.load_snapshot(run.run_id, 2)
+        assert s.gc().chunks_deleted == 0  # refcounts already exact
+
+
+def test_fork_pins_source_snapshot(store_path: str) -> None:
+    """A fork shares the source snapshot, which stays pinned past retention until the fork goes."""
+    with open_store(store_path, keep=1) as s:
+        run = s.create_run("e")
+        seq = s.append_intent(run.run_id, 1, "a")
+        s.checkpoint(run.run_id, 1, payload(1, 50_000), completion=Completion(seq, result=b"r"))
+        child = s.fork_run(run.run_id, new_run_id="child")
+        assert child.parent == (run.run_id, 1)
+        assert s.load_snapshot("child") == payload(1, 50_000)
+        assert [j.kind for j in s.journal("child")] == ["intent", "completion"]
+        s.checkpoint(run.run_id, 1, payload(2, 50_000))
+        snaps = s.snapshots(run.run_id)
+        assert [(x.number, x.pinned) for x in snaps] == [(1, True), (2, False)]
+        s.delete_run("child")
+        s.checkpoint(run.run_id, 1, payload(3, 50_000))
+        assert [x.number for x in s.snapshots(run.run_id)] == [3]
+        stats = s.gc()
+        assert (stats.chunks_deleted, stats.refs_repaired) == (0, 0)
+        assert s.load_snapshot(run.run_id) == payload(3, 50_000)
+
+
+def test_delete_and_gc_and_compact(store: LmdbStore) -> None:
+    """Deleting runs frees their chunks and compact() shrinks the file."""
+    for r in range(3):
+        run = store.create_run("e", run_id=f"r{r}")
+        for i in range(3):
+            store.checkpoint(run.run_id, 1, payload(100 * r + i, 200_000))
+    for r in range(3):
+        store.delete_run(f"r{r}")
+    with pytest.raises(RunNotFoundError):
+        store.get_run("r0")
+    assert [e.kind for e in store.events("r0")][-1] == "deleted"
+    assert store.gc().chunks_deleted == 0
+    stats = store.compact()
+    assert stats.bytes_after < stats.bytes_before / 4
+
+
+def test_signals_exactly_once(store: LmdbStore) -> None:
+    """A signal is delivered once per name and consumed exactly once."""
+    run = store.create_run("e")
+    assert store.take_signal(run.run_id, 1, "approve") is None
+    assert store.send_signal(run.run_id, "approve", b"yes") is True
+    assert store.send_signal(run.run_id, "approve", b"again") is False
+    assert store.pending_signals(run.run_id) == ["approve"]
+    assert store.take_signal(run.run_id, 1, "approve") == b"yes"
+    assert store.take_signal(run.run_id, 1, "approve") is None
+    assert store.pending_signals(run.run_id) == []
+    assert store.send_signal(run.run_id, "approve", b"late") is False
+
+
+def test_claim_fences_old_epoch(store: LmdbStore) -> None:
+    """Claiming a run bumps the epoch; every write with the old epoch is refused."""
+    run = store.create_run("e", lease=0.0)
+    store.checkpoint(run.run_id, 1, payload(1))
+    new = store.claim_run(run.run_id)
+    assert new.epoch == 2
+    for call in (
+        lambda: store.checkpoint(run.run_id, 1, payload(2), completion=Completion(0)),
+        lambda: store.append_intent(run.run_id, 1, "x"),
+        lambda: store.set_status(run.run_id, 1, "failed"),
+        lambda: store.take_signal(run.run_id, 1, "s"),
+        lambda: store.renew_lease(run.run_id, 1),
+    ):
+        with pytest.raises(FencedError, match="epoch 2"):
+            call()
+    assert [x.number for x in store.snapshots(run.run_id)] == [1]
+    assert store.journal(run.run_id) == []
+    assert store.checkpoint(run.run_id, 2, payload(2)).number == 2
+
+
+def test_claim_respects_live_lease(store: LmdbStore) -> None:
+    """A live owner's lease blocks claims from others unless steal=True."""
+    run = store.create_run("e", lease=60.0)
+    child = run_python(
+        """
+        import sys
+        from tcc.store import open_store
+        from tcc.errors import FencedError
+        with open_store(sys.argv[1]) as s:
+            try:
+                s.claim_run(sys.argv[2])
+            except FencedError:
+                print("fenced")
+            print(s.claim_run(sys.argv[2], steal=True).epoch)
+        """,
+        store.path, run.run_id,
+    )
+    assert child.stdout.split() == ["fenced", "2"], child.stderr
+    assert [e.kind for e in store.events(run.run_id)] == ["created", "taken_over"]
+
+
+def test_tenant_isolation(store_path: str) -> None:
+    """Runs of one tenant are invisible (RunNotFoundError) to another tenant."""
+    with open_store(store_path, tenant="acme") as a, open_store(store_path, tenant="beta") as b:
+        run = a.create_run("e", run_id="shared-id")
+        a.checkpoint("shared-id", 1, payload(1))
+        for call in (
+            lambda: b.get_run("shared-id"),
+            lambda: b.load_snapshot("shared-id"),
+            lambda: b.snapshots("shared-id"),
+            lambda: b.journal("shared-id"),
+            lambda: b.send_signal("shared-id", "s"),
+            lambda: b.checkpoint("shared-id", 1, payload(2)),
+            lambda: b.claim_run("shared-id"),
+            lambda: b.delete_run("shared-id"),
+        ):
+            with pytest.raises(RunNotFoundError, match="tenant 'beta'"):
+                call()
+        assert b.list_runs() == []
+        b.create_run("e", run_id="shared-id")
+        b.checkpoint("shared-id", 1, payload(9))
+        assert a.load_snapshot(run.run_id) == payload(1)
+        assert b.load_snapshot("shared-id") == payload(9)
+        assert b.events("shared-id")[0].kind == "created" and len(a.events("shared-id")) == 1
+
+
+def test_invalid_names_rejected(store: LmdbStore, store_path: str) -> None:
+    """Tenant, run and signal names with separators or control bytes are refused."""
+    with pytest.raises(ValueError):
+        open_store(store_path, tenant="a\x00b")
+    with pytest.raises(ValueError):
+        store.get_run("../x")
+    run = store.create_run("e")
+    with pytest.raises(ValueError):
+        store.send_signal(run.run_id, "")
+
+
+def test_group_durability_threads(store_path: str) -> None:
+    """Concurrent committers in group mode all commit, and a fenced one fails alone."""
+    with open_store(store_path, durability="group") as s:
+        runs = [s.create_run("e", run_id=f"t{i}").run_id for i in range(4)]
+        s.claim_run("t3", steal=True)
+        errors: list[BaseException] = []
+
+        def work(rid: str) -> None:
+            for i in range(15):
+                try:
+                    s.checkpoint(rid, 1, payload(i, 8000), completion=Completion(i))
+                except FencedError as exc:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(errors) == 15
+        for rid in runs[:3]:
+            assert len(s.journal(rid)) == 15
+            assert s.load_snapshot(rid) == payload(14, 8000)
+        assert s.journal("t3") == []
+
+
+def test_durability_none_roundtrip(store_path: str) -> None:
+    """durability='none' stores and reads back like the others."""
+    with open_store(store_path, durability="none") as s:
+        run = s.create_run("e")
+        s.checkpoint(run.run_id, 1, payload(5))
+    with open_store(store_path) as s:
+        assert s.load_snapshot(run.run_id) == payload(5)
+
+
+def test_same_store_twice_in_process_shares_env(store_path: str) -> None:
+    """Opening one store twice in a process shares the environment; a different mode is refused."""
+    a = open_store(store_path)
+    b = open_store(store_path, tenant="other")
+    a.close()
+    b.create_run("e")  # still usable after the other user closed
+    with pytest.raises(StoreError, match="durability"):
+        open_store(store_path, durability="none")
+    b.close()
+    with pytest.raises(StoreError, match="closed"):
+        b.list_runs()
+
+
+def test_use_after_fork_refused(store_path: str) -> None:
+    """A store opened before fork() refuses use in the child with a clear error."""
+    out = run_python(
+        """
+        import os, sys
+        from tcc.store import open_store
+        from tcc.errors import StoreError
+        s = open_store(sys.argv[1])
+        s.create_run("e", run_id="r")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                s.get_run("r")
+                os._exit(1)
+            except StoreError as exc:
+                os._exit(0 if "fork" in str(exc) else 2)
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), s.get_run("r").run_id)
+        """,
+        store_path,
+    )
+    assert out.stdout.split() == ["0", "r"], out.stderr
