@@ -12,13 +12,23 @@ from typing import Any
 
 from .. import errors
 
+import platform
+
+_IMPORT_ERROR: str | None = None
 try:
     from .. import _native as _native_mod
 except ImportError as exc:  # pragma: no cover - exercised on machines without gcc
     _native_mod = None
-    _IMPORT_ERROR: ImportError | None = exc
+    _IMPORT_ERROR = str(exc)
 else:
-    _IMPORT_ERROR = None
+    # Internal frame layouts may change in a patch release: a module built
+    # for another exact version is not trusted with frame memory.
+    if _native_mod.BUILT_FOR != platform.python_version():
+        _IMPORT_ERROR = (
+            f"tcc._native was built for Python {_native_mod.BUILT_FOR}, "
+            f"this is {platform.python_version()}; reinstall tcc"
+        )
+        _native_mod = None
 
 CREATED, SUSPENDED, RUNNING, FINISHED = 0, 1, 2, 3
 
