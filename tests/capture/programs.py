@@ -9,6 +9,7 @@ in child processes, so its functions are pickled by reference.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 
@@ -307,6 +308,27 @@ async def with_cleanup(tag: str) -> Any:
 CLEANUP_LOG: list[str] = []
 
 
+class Box:
+    """Holds a reference back to the task that holds the box (a cycle)."""
+
+    task: Any = None
+
+
+async def self_referential(box: Box) -> Any:
+    """A coroutine reachable from its own locals: the cycle must survive."""
+    out = []
+    for i in range(3):
+        out.append(await call("cycle", i))
+        out.append(box.task.cr_frame is sys._getframe())
+    return out
+
+
+def make_self_referential() -> Any:
+    box = Box()
+    box.task = self_referential(box)
+    return box.task
+
+
 PROGRAMS: dict[str, Callable[[], Any]] = {
     "research_agent": lambda: research_agent("llm"),
     "half_evaluated": lambda: half_evaluated(3),
@@ -319,4 +341,5 @@ PROGRAMS: dict[str, Callable[[], Any]] = {
     "shared_objects": lambda: shared_objects(3),
     "generator_program": lambda: generator_program(2),
     "with_cleanup": lambda: with_cleanup("c"),
+    "self_referential": make_self_referential,
 }
