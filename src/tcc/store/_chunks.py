@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ._codec import Corrupt, Sealer
 
@@ -60,13 +61,13 @@ def _chunker() -> object:
     return c
 
 
-def _zstd() -> tuple[object, object]:
-    pair = getattr(_local, "zstd", None)
+def _zstd() -> tuple[Any, Any]:
+    pair: tuple[Any, Any] | None = getattr(_local, "zstd", None)
     if pair is None:
         import zstandard
 
         pair = _local.zstd = (zstandard.ZstdCompressor(level=3), zstandard.ZstdDecompressor())
-    return pair  # type: ignore[no-any-return]
+    return pair
 
 
 class SplitMemo:
@@ -116,7 +117,7 @@ def split(
 
 def encode_chunk(piece: bytes | memoryview) -> bytes:
     """Stored form of a chunk: a codec byte, then zstd (or raw if that is smaller)."""
-    comp = _zstd()[0].compress(piece)  # type: ignore[attr-defined]
+    comp: bytes = _zstd()[0].compress(piece)
     if len(comp) < len(piece):
         return bytes([_ZSTD]) + comp
     return bytes([_RAW]) + bytes(piece)
@@ -137,7 +138,7 @@ def decode_chunk(sealer: Sealer, address: bytes, stored: bytes | memoryview, raw
         data = bytes(stored[1:])
     elif codec == _ZSTD:
         try:
-            data = _zstd()[1].decompress(stored[1:], max_output_size=raw_len)  # type: ignore[attr-defined]
+            data = _zstd()[1].decompress(stored[1:], max_output_size=raw_len)
         except Exception as exc:  # zstd raises its own ZstdError on damage
             raise Corrupt(f"chunk does not decompress: {exc}") from None
     else:

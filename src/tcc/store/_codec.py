@@ -8,8 +8,8 @@ Key layout (all keys are bytes, well under LMDB's 511-byte limit)::
     signals   tenant 0x00 run_id 0x00 name            -> sealed signal record
     events    tenant 0x00 run_id 0x00 seq(u64 BE)     -> sealed event record
     pins      tenant 0x00 run_id 0x00 number 0x00 holder_run_id -> b""
-    chunks    MAC(content) (32 bytes)                 -> codec byte + stored bytes
-    refs      MAC(content) (32 bytes)                 -> holder count (u32 LE)
+    chunks    chunk id(u64 BE) b"d"                   -> codec byte + stored bytes
+    chunks    chunk id(u64 BE) b"r"                   -> holder count (u32 LE), see _refs
     meta      b"format"                               -> JSON store header
 
 Tenant, run ids and signal names never contain NUL (validated), so one run's
@@ -18,8 +18,9 @@ keys are a contiguous range that never overlaps another run's or tenant's.
 A *sealed* record is ``MAC(16) | version(1) | header_len(u32 LE) | JSON header
 | blob bytes...``.  The MAC is keyed BLAKE2b over the database name, the key
 and the body, so a record moved to another key, run or tenant fails to verify
-just like a flipped bit.  Chunks are addressed by their keyed BLAKE2b-256, so
-the address itself authenticates the content.
+just like a flipped bit.  A chunk's identity is its keyed BLAKE2b-256 (its
+*address*), recorded next to its id in the (MAC'd) manifest, so the address
+authenticates the content: manifest -> group nodes -> chunks is a Merkle chain.
 """
 
 from __future__ import annotations

@@ -75,6 +75,10 @@ def acquire(
         return h
 
 
+class _Retry(Exception):
+    """Internal: redo a group batch without the closure that failed."""
+
+
 class _Pending:
     __slots__ = ("fn", "result", "exc", "done")
 
@@ -294,7 +298,14 @@ class EnvHandle:
         return self._group(fn)
 
     def _run(self, fns: list[Callable[[Any], Any]], nested: bool = False) -> list[Any]:
-        """Commit ``fns`` in one txn; with ``nested`` each gets a child txn (results may be errors)."""
+        """Commit ``fns`` in one txn.
+
+        With ``nested`` (group commit), results are ``(ok, value)`` pairs and a
+        closure that raises is taken out of the batch, which is then redone
+        from scratch without it, so its partial writes never commit.
+        """
+        failed: dict[int, BaseException] = {}
+        todo: list[Callable[[Any], Any] | None] = list(fns)
         while True:
             grow = False
             self._enter()
@@ -302,15 +313,21 @@ class EnvHandle:
                 txn = self.env.begin(write=True)
                 try:
                     if nested:
-                        out: list[Any] = []
-                        for fn in fns:
+                        out: list[Any] = [None] * len(todo)
+                        for i, fn in enumerate(todo):
+                            if fn is None:
+                                continue
                             try:
-                                with self.env.begin(write=True, parent=txn) as child:
-                                    out.append((True, fn(child)))
+                                out[i] = (True, fn(txn))
                             except lmdb.Error:
                                 raise
                             except Exception as exc:
-                                out.append((False, exc))
+                                # this closure may have written part of its work: drop the
+                                # whole txn and redo the batch without it (failures are rare:
+                                # fencing, missing runs)
+                                todo[i] = None
+                                failed[i] = exc
+                                raise _Retry() from None
                     else:
                         out = [fn(txn) for fn in fns]
                     txn.commit()
@@ -318,7 +335,12 @@ class EnvHandle:
                     txn.abort()
                     raise
                 self._after_commit()
+                if nested:
+                    for i, err in failed.items():
+                        out[i] = (False, err)
                 return out
+            except _Retry:
+                continue
             except lmdb.MapFullError:
                 grow = True
             except lmdb.MapResizedError:

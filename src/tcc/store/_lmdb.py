@@ -240,7 +240,7 @@ class LmdbStore(Maintenance):
         rid = self._rid(run_id)
         sealer, dbs = self._sealer, self._dbs
         with self._memo_lock:
-            memo, gmemo = self._memos.pop(rid, None) or (SplitMemo(), {})
+            memo, gmemo = self._memos.pop(rid, (SplitMemo(), {}))
         ordered = split(sealer, payload, memo)
         pieces = dict(ordered)
         size = len(memoryview(payload).cast("B"))
@@ -249,7 +249,7 @@ class LmdbStore(Maintenance):
 
         def previous(txn: Any) -> tuple[bytes | None, dict[bytes, int]]:
             """The newest snapshot's record MAC and its address -> chunk id map."""
-            rows = snap_rows(txn, dbs["snaps"], pfx)  # TODO: only the last row is needed
+            rows = snap_rows(txn, dbs["snaps"], pfx)
             if not rows:
                 return None, {}
             _, key, value = rows[-1]

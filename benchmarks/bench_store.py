@@ -1,0 +1,268 @@
+"""Store benchmarks: checkpoint commit latency vs. the raw LMDB floor, and bytes per step.
+
+Two ways to run it:
+
+* ``pytest benchmarks/bench_store.py`` -- pytest-benchmark timings of one
+  checkpoint commit for 4 KiB, 100 KiB and 1 MiB snapshots under each
+  durability mode, next to a raw LMDB put+commit of the same bytes.
+* ``python benchmarks/bench_store.py --report [--steps 5000]`` -- a table of
+  p50/p99 latencies and ratios to the floor, plus bytes written per step for
+  a growing transcript (+1 KiB per step) at 100, 1,000 and 5,000 steps next to
+  the raw floor (committing just the new 1 KiB into a fresh LMDB key).
+  ``--json FILE`` also writes the raw figures.
+
+Workloads.  *small delta*: each commit changes 64 bytes at a random place
+in a payload of word-like text (what consecutive agent snapshots look like).
+*all new*: every commit is fresh incompressible bytes (the worst case: no
+dedup, nothing to compress).  Bytes written are read from ``wchar`` in
+``/proc/self/io``: LMDB writes every dirty page with pwrite, so this counts
+exactly the pages a commit writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lmdb
+
+from tcc.store import Completion, LmdbStore, open_store
+
+SIZES = {"4KiB": 4 << 10, "100KiB": 100 << 10, "1MiB": 1 << 20}
+MODES = ("sync", "group", "none")
+_WORDS = ["".join(random.Random(i).choice("abcdefghijklmnopqrstuvwxyz") for _ in range(2 + i % 8))
+          for i in range(3000)]
+
+
+def text(n: int, seed: int = 0) -> bytes:
+    """``n`` bytes of word-like text (compresses ~2x, like transcripts)."""
+    rng = random.Random(seed)
+    out = " ".join(rng.choice(_WORDS) for _ in range(n // 4 + 8)).encode()
+    return out[:n]
+
+
+def message(i: int) -> bytes:
+    """The ~1 KiB transcript message of step ``i``."""
+    return text(1024, seed=i)
+
+
+def mutations(size: int, fresh: bool) -> Iterator[bytes]:
+    """Endless payloads of ``size`` bytes: small random edits, or all-new bytes."""
+    buf = bytearray(text(size))
+    rng = random.Random(1)
+    while True:
+        if fresh:
+            yield os.urandom(size)
+        else:
+            at = rng.randrange(max(1, size - 64))
+            buf[at:at + 64] = os.urandom(32).hex().encode()
+            yield bytes(buf)
+
+
+class Raw:
+    """The floor: a bare LMDB environment doing put+commit of the same bytes."""
+
+    def __init__(self, path: str, sync: bool) -> None:
+        self.env = lmdb.open(path, map_size=1 << 32, sync=sync, readahead=False)
+        self.n = 0
+
+    def commit(self, data: bytes, fresh_key: bool = False) -> None:
+        with self.env.begin(write=True) as txn:
+            self.n += 1
+            txn.put(b"%012d" % self.n if fresh_key else b"snapshot", data)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _store(path: str, mode: str) -> tuple[LmdbStore, str]:
+    s = open_store(path, durability=mode)
+    return s, s.create_run("bench").run_id
+
+
+# ------------------------------------------------------------ pytest-benchmark
+try:
+    import pytest
+except ImportError:  # script mode does not need pytest
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    @pytest.mark.parametrize("size", list(SIZES))
+    @pytest.mark.parametrize("mode", MODES)
+    def test_checkpoint_commit(benchmark: Any, tmp_path: Any, mode: str, size: str) -> None:
+        """Latency of one checkpoint (small-delta payload) under one durability mode."""
+        s, rid = _store(str(tmp_path / "s"), mode)
+        gen = mutations(SIZES[size], fresh=False)
+        benchmark.group = f"commit {size}"
+        benchmark.pedantic(lambda: s.checkpoint(rid, 1, next(gen)), rounds=100, warmup_rounds=5)
+        s.close()
+
+    @pytest.mark.parametrize("size", list(SIZES))
+    @pytest.mark.parametrize("sync", [True, False], ids=["raw-sync", "raw-nosync"])
+    def test_raw_lmdb_floor(benchmark: Any, tmp_path: Any, sync: bool, size: str) -> None:
+        """Latency of a bare LMDB put+commit of the same bytes (the floor)."""
+        raw = Raw(str(tmp_path / "raw"), sync)
+        gen = mutations(SIZES[size], fresh=False)
+        benchmark.group = f"commit {size}"
+        benchmark.pedantic(lambda: raw.commit(next(gen)), rounds=100, warmup_rounds=5)
+        raw.close()
+
+
+# ------------------------------------------------------------------ report mode
+def _lat(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def latency_table(rounds: int) -> list[dict[str, Any]]:
+    """p50/p99 commit latency per size, mode and workload, with the raw floor."""
+    rows = []
+    for size_name, size in SIZES.items():
+        for fresh in (False, True):
+            n = rounds if size < (1 << 20) else max(30, rounds // 4)
+            with tempfile.TemporaryDirectory() as d:
+                floors = {}
+                for sync in (True, False):
+                    raw = Raw(os.path.join(d, f"raw{sync}"), sync)
+                    gen = mutations(size, fresh)
+                    _lat(lambda: raw.commit(next(gen)), 5)
+                    floors[sync] = _lat(lambda: raw.commit(next(gen)), n)
+                    raw.close()
+                for mode in MODES:
+                    s, rid = _store(os.path.join(d, mode), mode)
+                    gen = mutations(size, fresh)
+                    _lat(lambda: s.checkpoint(rid, 1, next(gen)), 5)
+                    lat = _lat(lambda: s.checkpoint(rid, 1, next(gen)), n)
+                    s.close()
+                    floor = floors[mode != "none"]
+                    rows.append({
+                        "size": size_name, "workload": "all new" if fresh else "small delta",
+                        "mode": mode, "p50_ms": _pct(lat, .5) * 1e3, "p99_ms": _pct(lat, .99) * 1e3,
+                        "floor": "raw sync" if mode != "none" else "raw nosync",
+                        "floor_p50_ms": _pct(floor, .5) * 1e3, "floor_p99_ms": _pct(floor, .99) * 1e3,
+                        "ratio_p50": _pct(lat, .5) / _pct(floor, .5),
+                    })
+    return rows
+
+
+def group_throughput(threads: int = 4, per_thread: int = 50) -> dict[str, float]:
+    """Commits per second with ``threads`` concurrent committers, sync vs group (4 KiB)."""
+    out = {}
+    for mode in ("sync", "group"):
+        with tempfile.TemporaryDirectory() as d:
+            s = open_store(os.path.join(d, "s"), durability=mode)
+            rids = [s.create_run("b").run_id for _ in range(threads)]
+
+            def work(rid: str) -> None:
+                gen = mutations(4096, False)
+                for i in range(per_thread):
+                    s.checkpoint(rid, 1, next(gen), completion=Completion(i))
+
+            ts = [threading.Thread(target=work, args=(r,)) for r in rids]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            out[mode] = threads * per_thread / (time.perf_counter() - t0)
+            s.close()
+    return out
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar"):
+                return int(line.split()[1])
+    return 0
+
+
+def bytes_per_step(steps: int, marks: tuple[int, ...], window: int = 20) -> list[dict[str, Any]]:
+    """Bytes written per checkpoint of a growing transcript vs. the raw 1 KiB-delta floor."""
+    acc: dict[int, list[float]] = {m: [0.0, 0.0, 0.0] for m in marks if m <= steps}
+    with tempfile.TemporaryDirectory() as d:
+        s = open_store(os.path.join(d, "s"), durability="none")
+        rid = s.create_run("transcript").run_id
+        raw = Raw(os.path.join(d, "raw"), sync=False)
+        msgs: list[bytes] = []
+        for i in range(1, steps + 1):
+            msgs.append(message(i))
+            state = pickle.dumps({"step": i, "messages": msgs}, protocol=5)
+            seq = s.append_intent(rid, 1, "llm")
+            a = _wchar()
+            t = time.perf_counter()
+            s.checkpoint(rid, 1, state, completion=Completion(seq, result=msgs[-1]))
+            dt = time.perf_counter() - t
+            b = _wchar()
+            raw.commit(msgs[-1], fresh_key=True)
+            c = _wchar()
+            for m, v in acc.items():
+                if m - window < i <= m:
+                    v[0] += (b - a) / window
+                    v[1] += (c - b) / window
+                    v[2] += dt / window
+        size = os.path.getsize(os.path.join(d, "s", "data.mdb"))
+        raw.close()
+        s.close()
+    return [{"step": m, "state_bytes": m * 1024, "store_bytes_per_step": v[0],
+             "raw_floor_bytes_per_step": v[1], "ratio_to_floor": v[0] / v[1],
+             "ratio_to_step_100": v[0] / acc[min(acc)][0], "commit_ms": v[2] * 1e3,
+             "store_file_bytes": size} for m, v in acc.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--report", action="store_true", help="print the tables")
+    p.add_argument("--steps", type=int, default=5000)
+    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--json", help="also write raw figures to this file")
+    args = p.parse_args(argv)
+    if not args.report:
+        p.print_help()
+        return 2
+    lat = latency_table(args.rounds)
+    print(f"{'size':>7} {'workload':>11} {'mode':>6} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'floor':>10} {'fl p50':>8} {'fl p99':>8} {'x floor':>7}")
+    for r in lat:
+        print(f"{r['size']:>7} {r['workload']:>11} {r['mode']:>6} {r['p50_ms']:8.3f} "
+              f"{r['p99_ms']:8.3f} {r['floor']:>10} {r['floor_p50_ms']:8.3f} "
+              f"{r['floor_p99_ms']:8.3f} {r['ratio_p50']:7.2f}")
+    thr = group_throughput()
+    print(f"\n4 threads x 4 KiB commits: sync {thr['sync']:.0f}/s, group {thr['group']:.0f}/s "
+          f"({thr['group'] / thr['sync']:.2f}x)")
+    bps = bytes_per_step(args.steps, (100, 1000, 5000))
+    print(f"\n{'step':>6} {'store B/step':>13} {'raw floor':>10} {'x floor':>8} {'x step100':>10} "
+          f"{'commit ms':>10}")
+    for r in bps:
+        print(f"{r['step']:>6} {r['store_bytes_per_step']:13.0f} {r['raw_floor_bytes_per_step']:10.0f} "
+              f"{r['ratio_to_floor']:8.2f} {r['ratio_to_step_100']:10.2f} {r['commit_ms']:10.2f}")
+    print(f"store file after {args.steps} steps: {bps[-1]['store_file_bytes'] / 2**20:.1f} MiB")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"latency": lat, "group_throughput": thr, "bytes_per_step": bps,
+                       "python": sys.version.split()[0]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
