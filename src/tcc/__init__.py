@@ -9,6 +9,11 @@ from ._version import __version__ as __version__
 from .capture import dumps as dumps
 from .capture import loads as loads
 from .capture import register_reducer as register_reducer
+from .effects import checkpoint as checkpoint
+from .effects import current as current
+from .effects import effect as effect
+from .effects import gather as gather
+from .effects import resource as resource
 from .errors import CaptureError as CaptureError
 from .errors import CodeChangedError as CodeChangedError
 from .errors import CorruptSnapshotError as CorruptSnapshotError
@@ -24,7 +29,12 @@ __all__ = [
     "RestoreError",
     "TccError",
     "__version__",
+    "checkpoint",
+    "current",
     "dumps",
+    "effect",
+    "gather",
     "loads",
     "register_reducer",
+    "resource",
 ]

@@ -23,6 +23,8 @@ __all__ = [
     "RunNotFoundError",
     "ReplayDivergenceError",
     "InternalError",
+    "UsageError",
+    "RunFailedError",
 ]
 
 
@@ -92,6 +94,14 @@ class RunNotFoundError(StoreError, LookupError):
 
 class ReplayDivergenceError(TccError, RuntimeError):
     """Replayed code asked for a different effect than the journal holds."""
+
+
+class UsageError(TccError, ValueError):
+    """A command names something that does not exist or cannot be done (exit 2)."""
+
+
+class RunFailedError(TccError, RuntimeError):
+    """The run stopped with status ``failed``; the message says why."""
 
 
 class InternalError(TccError, RuntimeError):

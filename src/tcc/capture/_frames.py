@@ -12,12 +12,15 @@ from typing import Any
 
 from .. import errors
 
+import os
 import platform
 
 _IMPORT_ERROR: str | None = None
 try:
+    if os.environ.get("TCC_DISABLE_NATIVE", "") not in ("", "0"):
+        raise ImportError("disabled by TCC_DISABLE_NATIVE")
     from .. import _native as _native_mod
-except ImportError as exc:  # pragma: no cover - exercised on machines without gcc
+except ImportError as exc:  # exercised with TCC_DISABLE_NATIVE=1
     _native_mod = None
     _IMPORT_ERROR = str(exc)
 else:

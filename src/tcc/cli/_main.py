@@ -1,30 +1,136 @@
 """Argument parsing and exit codes for ``tcc``.
 
-Exit codes: 0 success, 1 a tcc error (one line on stderr, traceback only
-with ``--debug``), 2 a usage error.
+Exit codes: 0 success, 1 a tcc error or a failed run (one line on stderr,
+traceback only with ``--debug``), 2 a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from .. import _version
-from ..errors import TccError
+from ..errors import TccError, UsageError
+from . import _render
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="PATH", help="store directory (default: $TCC_STORE or ./.tcc)")
+    parser.add_argument("--tenant", default="default", help="tenant the runs belong to (default: default)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tcc",
-        description="Transparent continuation checkpointing for async Python.",
+        description="Transparent continuation checkpointing: crash-proof async Python agents.",
     )
     parser.add_argument("--version", action="version", version=f"tcc {_version.__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run SCRIPT[:FUNC] as a durable run")
+    _common(run)
+    run.add_argument("--run-id", help="id for the run; an unfinished run with this id is resumed")
+    run.add_argument("--strategy", default="continuation", choices=("continuation", "replay"),
+                     help="recovery strategy (default: continuation)")
+    run.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                     help="snapshot after every N effects (default: 1)")
+    run.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                     help="ownership lease, renewed while the run is alive (default: 30)")
+    run.add_argument("script", metavar="SCRIPT[:FUNC]", help="the agent script and its async entry (main)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to FUNC as strings")
+    run.set_defaults(handler=_cmd_run)
+
+    resume = sub.add_parser("resume", help="continue an unfinished run from its newest snapshot")
+    _common(resume)
+    resume.add_argument("--strategy", choices=("continuation", "replay"),
+                        help="override the run's recovery strategy")
+    resume.add_argument("--checkpoint-every", type=int, default=1, metavar="N")
+    resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
+    resume.add_argument("--steal", action="store_true", help="take the run even if its owner's lease is live")
+    resume.add_argument("run_id", metavar="RUN_ID")
+    resume.set_defaults(handler=_cmd_resume)
+
+    ls = sub.add_parser("ls", help="list runs")
+    _common(ls)
+    ls.add_argument("--status", help="only runs with this status")
+    ls.set_defaults(handler=_cmd_ls)
+
+    show = sub.add_parser("show", help="show one run: status, result, effects, checkpoints, events")
+    _common(show)
+    show.add_argument("run_id", metavar="RUN_ID")
+    show.set_defaults(handler=_cmd_show)
+
     info = sub.add_parser("info", help="show the interpreter tag and native-module status")
-    info.set_defaults(handler=_cmd_info)
+    info.set_defaults(handler=_cmd_info, json=False)
     return parser
+
+
+def _open(args: argparse.Namespace, *, create: bool) -> Any:
+    from ..store import open_store
+
+    return open_store(args.store, tenant=args.tenant, create=create)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .. import runtime
+
+    with _open(args, create=True) as store:
+        if args.run_id:
+            from ..errors import RunNotFoundError
+
+            try:
+                existing = store.get_run(args.run_id)
+            except RunNotFoundError:
+                existing = None
+            if existing is not None:
+                if existing.status in ("completed", "cancelled", "failed"):
+                    raise UsageError(f"run {args.run_id} exists and is {existing.status}")
+                _render.started(existing.run_id, resumed=True, as_json=args.json)
+                outcome = runtime.resume(
+                    store, args.run_id, checkpoint_every=args.checkpoint_every, lease=args.lease,
+                    progress=_render.progress_printer(),
+                )
+                return _render.outcome(outcome, as_json=args.json)
+        strategy, notice = runtime._runs.effective_strategy(args.strategy)
+        if notice:
+            print(f"tcc: note: {notice}", file=sys.stderr)
+        outcome = runtime.start(
+            store, args.script, args.args, run_id=args.run_id, strategy=strategy,
+            checkpoint_every=args.checkpoint_every, lease=args.lease,
+            progress=_render.progress_printer(),
+            on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
+        )
+        return _render.outcome(outcome, as_json=args.json)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from .. import runtime
+
+    with _open(args, create=False) as store:
+        _render.started(args.run_id, resumed=True, as_json=args.json)
+        outcome = runtime.resume(
+            store, args.run_id, strategy=args.strategy, checkpoint_every=args.checkpoint_every,
+            lease=args.lease, steal=args.steal, progress=_render.progress_printer(),
+        )
+        return _render.outcome(outcome, as_json=args.json)
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    with _open(args, create=False) as store:
+        runs = store.list_runs(args.status)
+        _render.run_list(runs, as_json=args.json)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    with _open(args, create=False) as store:
+        _render.run_detail(store, args.run_id, as_json=args.json)
+    return 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -34,6 +140,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"interpreter tag: {capture.interpreter_tag().decode()}")
     native = "available" if capture.native_available() else "NOT available (replay only)"
     print(f"native frame module: {native}")
+    print(f"default store: {os.environ.get('TCC_STORE') or os.path.abspath('.tcc')}")
     return 0
 
 
@@ -46,8 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(handler(args))
+    except UsageError as exc:
+        if args.debug:
+            raise
+        print(f"tcc: error: {exc}", file=sys.stderr)
+        return 2
     except TccError as exc:
         if args.debug:
             raise
         print(f"tcc: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("tcc: interrupted; the run can be resumed with `tcc resume`", file=sys.stderr)
+        return 130

@@ -1,0 +1,142 @@
+"""How the CLI shows runs: human text on a terminal, or JSON with ``--json``."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from typing import Any, Callable
+
+from ..store import RunInfo
+
+
+def _when(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds")
+
+
+def decode_result(blob: bytes | None) -> Any:
+    if not blob:
+        return None
+    try:
+        doc = json.loads(blob)
+    except ValueError:
+        return repr(blob)
+    return doc["value"] if "value" in doc else doc.get("repr")
+
+
+def decode_error(blob: bytes | None) -> str | None:
+    if not blob:
+        return None
+    try:
+        doc = json.loads(blob)
+    except ValueError:
+        return blob.decode(errors="replace")
+    name = str(doc.get("type", "Error")).rpartition(".")[2]
+    return f"{name}: {doc.get('message', '')}"
+
+
+def started(run_id: str, *, resumed: bool, as_json: bool) -> None:
+    verb = "resuming" if resumed else "run"
+    stream = sys.stderr if as_json else sys.stdout
+    print(f"{verb} {run_id}", file=stream, flush=True)
+
+
+def progress_printer() -> Callable[[str, Any], None] | None:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(what: str, driver: Any) -> None:
+        line = (
+            f"\r\x1b[2K[{driver.run_id[:12]}] effects {driver.effects} · "
+            f"checkpoints {driver.checkpoints} · last {driver.last_effect.rpartition(':')[2]}"
+        )
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+    return show
+
+
+def outcome(out: Any, *, as_json: bool) -> int:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[2K")
+    if as_json:
+        print(json.dumps({
+            "id": out.run_id, "status": out.status, "result": _jsonable(out.result),
+            "error": out.error, "effects": out.effects, "checkpoints": out.checkpoints,
+            "replayed": out.replayed,
+        }))
+    elif out.status == "completed":
+        print(f"completed: {json.dumps(_jsonable(out.result))}")
+    else:
+        print(f"failed: {out.error}", file=sys.stderr)
+    return 0 if out.status == "completed" else 1
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def run_list(runs: list[RunInfo], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([
+            {"id": r.run_id, "status": r.status, "entry": r.entry, "strategy": r.strategy,
+             "created": r.created, "updated": r.updated, "epoch": r.epoch}
+            for r in runs
+        ]))
+        return
+    if not runs:
+        print("no runs")
+        return
+    print(f"{'ID':<34} {'STATUS':<10} {'UPDATED':<19}  ENTRY")
+    for r in sorted(runs, key=lambda r: r.created):
+        print(f"{r.run_id:<34} {r.status:<10} {_when(r.updated):<19}  {r.entry}")
+
+
+def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
+    run = store.get_run(run_id)
+    journal = store.journal(run_id)
+    snapshots = store.snapshots(run_id)
+    events = store.events(run_id)
+    completions = [r for r in journal if r.kind == "completion"]
+    intents = {r.seq: r for r in journal if r.kind == "intent"}
+    done_keys = {intents[c.intent_seq].idempotency_key for c in completions if c.intent_seq in intents}
+    checkpoints = max((s.number for s in snapshots), default=0)
+    doc = {
+        "id": run.run_id,
+        "tenant": run.tenant,
+        "status": run.status,
+        "entry": run.entry,
+        "args": json.loads(run.args or b"[]"),
+        "strategy": run.strategy,
+        "result": decode_result(run.result),
+        "error": decode_error(run.error),
+        "effects": len(done_keys),
+        "checkpoints": checkpoints,
+        "epoch": run.epoch,
+        "owner": f"{run.owner_host}:{run.owner_pid}",
+        "created": run.created,
+        "updated": run.updated,
+        "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size} for s in snapshots],
+        "events": [{"kind": e.kind, "time": e.time, **dict(e.data)} for e in events],
+    }
+    if as_json:
+        print(json.dumps(doc, default=repr))
+        return
+    print(f"run {doc['id']}  [{doc['status']}]")
+    print(f"  entry      {doc['entry']} {' '.join(map(str, doc['args']))}")
+    print(f"  strategy   {doc['strategy']}   epoch {doc['epoch']}   owner {doc['owner']}")
+    print(f"  created    {_when(run.created)}   updated {_when(run.updated)}")
+    print(f"  effects    {doc['effects']}   checkpoints {doc['checkpoints']}   "
+          f"snapshots kept {len(snapshots)}")
+    if doc["result"] is not None:
+        print(f"  result     {json.dumps(doc['result'])}")
+    if doc["error"]:
+        print(f"  error      {doc['error']}")
+    print("  events")
+    for e in events:
+        extra = " ".join(f"{k}={v}" for k, v in dict(e.data).items())
+        print(f"    {_when(e.time)}  {e.kind:<20} {extra}")

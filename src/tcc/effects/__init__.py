@@ -1,0 +1,29 @@
+"""Effects: the journaled side effects of a run, and what they yield."""
+
+from ._context import Current as Current
+from ._context import current as current
+from ._effect import CheckpointRequest as CheckpointRequest
+from ._effect import Effect as Effect
+from ._effect import EffectRequest as EffectRequest
+from ._effect import GatherRequest as GatherRequest
+from ._effect import checkpoint as checkpoint
+from ._effect import effect as effect
+from ._effect import gather as gather
+from ._effect import lookup as lookup
+from ._resource import Resource as Resource
+from ._resource import resource as resource
+
+__all__ = [
+    "CheckpointRequest",
+    "Current",
+    "Effect",
+    "EffectRequest",
+    "GatherRequest",
+    "Resource",
+    "checkpoint",
+    "current",
+    "effect",
+    "gather",
+    "lookup",
+    "resource",
+]

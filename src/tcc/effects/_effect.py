@@ -1,0 +1,154 @@
+"""The ``@tcc.effect`` decorator and the requests effects yield to the driver.
+
+Inside a run, calling an effect does not run it: it returns an
+:class:`EffectRequest`, and awaiting that yields the request up the await
+chain to the driver, which journals an intent, runs the real function, journals
+the completion with a snapshot, and sends the result back.  Outside a run an
+effect is just its function, so tools stay unit-testable.
+
+Request classes live at stable import paths: they sit inside snapshots.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from . import _context
+
+_REGISTRY: dict[str, "Effect"] = {}
+
+
+class EffectRequest:
+    """One effect call, as seen by the driver (picklable)."""
+
+    __slots__ = ("name", "args", "kwargs")
+
+    def __init__(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.name = name
+        self.args = args
+        self.kwargs = kwargs
+
+    def __await__(self) -> Any:
+        return (yield self)
+
+    def __reduce__(self) -> Any:
+        return (EffectRequest, (self.name, self.args, self.kwargs))
+
+    def __repr__(self) -> str:
+        return f"<effect {self.name}>"
+
+
+class GatherRequest:
+    """Several effect calls to run concurrently (``tcc.gather``)."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self, requests: tuple[EffectRequest, ...]) -> None:
+        self.requests = requests
+
+    def __await__(self) -> Any:
+        return (yield self)
+
+    def __reduce__(self) -> Any:
+        return (GatherRequest, (self.requests,))
+
+
+class CheckpointRequest:
+    """An explicit ``await tcc.checkpoint()``."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Any:
+        return (yield self)
+
+    def __reduce__(self) -> Any:
+        return (CheckpointRequest, ())
+
+
+class Effect:
+    """A function whose calls are journaled and run once per call."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        timeout: float | None = None,
+        verify: Callable[..., Any] | None = None,
+        retry_delay: float = 0.2,
+    ) -> None:
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.fn = fn
+        self.name = name or f"{fn.__module__}:{fn.__qualname__}"
+        self.retries = retries
+        self.timeout = timeout
+        self.verify = verify
+        self.retry_delay = retry_delay
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)
+        _REGISTRY[self.name] = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _context.active() is None:
+            return self.fn(*args, **kwargs)
+        return EffectRequest(self.name, args, kwargs)
+
+    def __reduce__(self) -> Any:
+        return (lookup, (self.name,))
+
+    def __repr__(self) -> str:
+        return f"<tcc.effect {self.name}>"
+
+
+def lookup(name: str) -> Effect:
+    """The effect registered under ``name`` (its module must be imported)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise LookupError(
+            f"no tcc effect named {name!r} is registered; is its module imported?"
+        ) from None
+
+
+def effect(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    retries: int = 0,
+    timeout: float | None = None,
+    verify: Callable[..., Any] | None = None,
+) -> Any:
+    """Declare a side effect: ``@tcc.effect`` or ``@tcc.effect(retries=3, timeout=30)``.
+
+    ``verify(intent)`` is called before re-issuing a call that was in flight
+    at a crash; if it returns anything but None, that is taken as the call's
+    result and the effect is not run again.  ``intent`` has ``name``,
+    ``args``, ``kwargs``, ``idempotency_key`` and ``attempt``.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Effect:
+        return Effect(f, name=name, retries=retries, timeout=timeout, verify=verify)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def gather(*calls: Any) -> GatherRequest:
+    """Run several effect calls concurrently; each is journaled on its own."""
+    bad = [c for c in calls if not isinstance(c, EffectRequest)]
+    if bad:
+        raise TypeError(
+            "tcc.gather() takes effect calls made inside a run, e.g. "
+            f"tcc.gather(search('a'), search('b')); got {bad[0]!r}"
+        )
+    return GatherRequest(tuple(calls))
+
+
+def checkpoint() -> CheckpointRequest:
+    """``await tcc.checkpoint()`` snapshots the run at this point."""
+    return CheckpointRequest()

@@ -1,0 +1,451 @@
+"""The driver: a trampoline that owns the outermost ``send`` of a run.
+
+The root coroutine awaits effects; each await yields a request object up the
+chain to :meth:`Driver.drive`.  For every effect call the driver
+
+1. journals an *intent* (name, pickled arguments, idempotency key, attempt),
+2. runs the real function (async ones on an event loop the driver owns,
+   sync ones in a worker thread),
+3. commits the *completion* and a snapshot of the suspended chain in one
+   store transaction, and
+4. sends the result back in.
+
+Because the driver, not asyncio, owns the outermost send, the suspended chain
+never holds futures or tasks, which is what makes it capturable.
+
+Recovery uses the same loop: the run continues from a snapshot (or from the
+top, when there is none) and the journal after that snapshot is *served*
+call by call -- completed calls return their recorded outcome, a call that was
+in flight at the crash is re-issued with its recorded arguments and
+idempotency key (after asking its ``verify`` probe, if it has one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import functools
+import json
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any, Callable, Iterable
+
+from .. import errors
+from ..capture import dump_payload, load_payload, seal
+from ..effects import _context
+from ..effects._effect import CheckpointRequest, Effect, EffectRequest, GatherRequest, lookup
+from ..store import Completion, JournalRecord, Store
+
+STATE_TAG = "tcc-run-state"
+Pending = tuple[str, Any]  # ("send", value) or ("throw", exception)
+
+
+@dataclasses.dataclass
+class LoggedCall:
+    """One logical effect call found in the journal (all attempts of one key)."""
+
+    key: str
+    name: str
+    args: bytes
+    attempt: int
+    intent_seq: int
+    outcome: Pending | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Intent:
+    """What a ``verify`` probe receives about a call that was in flight."""
+
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    idempotency_key: str
+    attempt: int
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How a drive ended."""
+
+    run_id: str
+    status: str
+    result: Any = None
+    error: str | None = None
+    effects: int = 0
+    checkpoints: int = 0
+    replayed: int = 0
+
+
+def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:
+    """Fold journal records into logical calls, in the order they were made."""
+    calls: dict[str, LoggedCall] = {}
+    by_intent: dict[int, LoggedCall] = {}
+    for rec in records:
+        if rec.kind == "intent":
+            key = rec.idempotency_key or f"seq:{rec.seq}"
+            call = calls.get(key)
+            if call is None:
+                call = calls[key] = LoggedCall(key, rec.name, rec.args or b"", rec.attempt, rec.seq)
+            call.attempt, call.intent_seq, call.outcome = rec.attempt, rec.seq, None
+            by_intent[rec.seq] = call
+        else:
+            call = by_intent.get(rec.intent_seq if rec.intent_seq is not None else -1)
+            if call is not None and call.intent_seq == rec.intent_seq:
+                if rec.error is not None:
+                    call.outcome = ("throw", load_payload(rec.error))
+                else:
+                    call.outcome = ("send", load_payload(rec.result or b""))
+    return list(calls.values())
+
+
+def encode_error(exc: BaseException) -> bytes:
+    doc = {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    return json.dumps(doc).encode()
+
+
+def encode_result(value: Any) -> bytes:
+    try:
+        return json.dumps({"value": value}).encode()
+    except (TypeError, ValueError):
+        return json.dumps({"repr": repr(value)}).encode()
+
+
+class Driver:
+    """Drives one run in this process, as the owner of ``epoch``."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        epoch: int,
+        *,
+        snapshots: bool = True,
+        checkpoint_every: int = 1,
+        lease: float = 30.0,
+        progress: Callable[[str, "Driver"], None] | None = None,
+    ) -> None:
+        if checkpoint_every < 1:
+            raise ValueError("checkpoint_every must be >= 1")
+        self.store = store
+        self.run_id = run_id
+        self.epoch = epoch
+        self.snapshots = snapshots
+        self.checkpoint_every = checkpoint_every
+        self.lease = lease
+        self.progress = progress
+        self.effects = 0
+        self.checkpoints = 0
+        self.replayed = 0
+        self.last_effect = ""
+        self._since_snapshot = 0
+        self._calls = 0
+        self._replay: deque[LoggedCall] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_heartbeat = threading.Event()
+
+    # ------------------------------------------------------------------ main
+
+    def drive(
+        self,
+        coro: Any,
+        pending: Pending = ("send", None),
+        *,
+        calls: int = 0,
+        replay: Iterable[LoggedCall] = (),
+    ) -> Outcome:
+        """Run ``coro`` to the end; record and return how it ended."""
+        self._calls = calls
+        self._replay = deque(replay)
+        replaying = bool(self._replay)
+        heartbeat = threading.Thread(target=self._heartbeat, name="tcc-lease", daemon=True)
+        heartbeat.start()
+        self._loop = asyncio.new_event_loop()
+        try:
+            while True:
+                try:
+                    request = self._step(coro, pending)
+                except StopIteration as stop:
+                    return self._finish("completed", result=stop.value)
+                except errors.FencedError:
+                    raise
+                except Exception as exc:  # the agent itself failed
+                    return self._finish("failed", exc=exc)
+                pending = self._handle(coro, request)
+                if replaying and not self._replay:
+                    replaying = False
+                    self._caught_up(coro, pending)
+        finally:
+            self._stop_heartbeat.set()
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
+            heartbeat.join(timeout=5)
+
+    def _step(self, coro: Any, pending: Pending) -> Any:
+        token = _context.set_current(_context.Current(self.run_id))
+        try:
+            if pending[0] == "throw":
+                return coro.throw(pending[1])
+            return coro.send(pending[1])
+        finally:
+            _context.reset_current(token)
+
+    def _handle(self, coro: Any, request: Any) -> Pending:
+        if isinstance(request, EffectRequest):
+            return self._call(coro, request)
+        if isinstance(request, GatherRequest):
+            return self._gather(coro, request)
+        if isinstance(request, CheckpointRequest):
+            pending: Pending = ("send", None)
+            if self.snapshots and not self._replay:
+                self._snapshot(coro, pending, None)
+            return pending
+        if request is None:  # a bare `yield` / asyncio.sleep(0): just continue
+            return ("send", None)
+        return (
+            "throw",
+            TypeError(
+                f"a tcc run can only await tcc effects, tcc.gather(), tcc.checkpoint() and "
+                f"plain coroutines; the agent awaited {request!r} (asyncio futures and tasks "
+                "cannot be awaited inside a tcc run; wrap the work in a @tcc.effect)"
+            ),
+        )
+
+    # ---------------------------------------------------------- effect calls
+
+    def _next_key(self) -> str:
+        self._calls += 1
+        return f"{self.run_id}:{self._calls}"
+
+    def _call(self, coro: Any, request: EffectRequest) -> Pending:
+        key = self._next_key()
+        effect = self._effect(request.name)
+        if self._replay:
+            logged = self._take_logged(key, request.name)
+            if logged.outcome is not None and not self._should_retry(effect, logged):
+                self.replayed += 1
+                return logged.outcome
+            outcome, completion = self._reissue(effect, logged)
+        else:
+            args = dump_payload((request.args, request.kwargs))
+            outcome, completion = self._run_attempts(effect, request.args, request.kwargs, args, key, 1)
+        self._completed(coro, outcome, completion)
+        return outcome
+
+    def _gather(self, coro: Any, request: GatherRequest) -> Pending:
+        base = self._next_key()
+        subs = request.requests
+        effects = [self._effect(r.name) for r in subs]
+        outcomes: list[Pending | None] = [None] * len(subs)
+        todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int]] = []
+        for i, (req, eff) in enumerate(zip(subs, effects)):
+            key = f"{base}.{i}"
+            if self._replay:
+                logged = self._take_logged(key, req.name)
+                if logged.outcome is not None and not self._should_retry(eff, logged):
+                    outcomes[i] = logged.outcome
+                    self.replayed += 1
+                    continue
+                args, kwargs = load_payload(logged.args)
+                todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
+            else:
+                blob = dump_payload((req.args, req.kwargs))
+                todo.append((i, eff, req.args, req.kwargs, blob, key, 1))
+        if todo:
+            seqs = [
+                self.store.append_intent(
+                    self.run_id, self.epoch, eff.name, blob, idempotency_key=key, attempt=attempt
+                )
+                for (_i, eff, _a, _k, blob, key, attempt) in todo
+            ]
+
+            async def all_of() -> list[Any]:
+                return await asyncio.gather(
+                    *(self._invoke(eff, a, k, key, att) for (_i, eff, a, k, _b, key, att) in todo),
+                    return_exceptions=True,
+                )
+
+            t0 = time.perf_counter()
+            assert self._loop is not None
+            results = self._loop.run_until_complete(all_of())
+            duration = time.perf_counter() - t0
+            for (i, *_rest), seq, res in zip(todo, seqs, results):
+                outcome: Pending = ("throw", res) if isinstance(res, Exception) else ("send", res)
+                outcomes[i] = outcome
+                self.store.append_completion(self.run_id, self.epoch, self._completion(seq, outcome, duration))
+                self.effects += 1
+        values = []
+        for outcome in outcomes:
+            assert outcome is not None
+            if outcome[0] == "throw":
+                return outcome
+            values.append(outcome[1])
+        pending: Pending = ("send", values)
+        if todo and self.snapshots:
+            self._snapshot(coro, pending, None)
+        return pending
+
+    def _effect(self, name: str) -> Effect:
+        try:
+            return lookup(name)
+        except LookupError as exc:
+            raise errors.RunFailedError(str(exc)) from None
+
+    def _take_logged(self, key: str, name: str) -> LoggedCall:
+        logged = self._replay.popleft()
+        if logged.name != name or logged.key != key:
+            raise errors.ReplayDivergenceError(
+                f"run {self.run_id}: the journal's next call is {logged.name} ({logged.key}) "
+                f"but the code now asks for {name} ({key}); the code changed or is not "
+                "deterministic between effects"
+            )
+        return logged
+
+    def _should_retry(self, effect: Effect, logged: LoggedCall) -> bool:
+        return (
+            logged.outcome is not None
+            and logged.outcome[0] == "throw"
+            and logged.attempt <= effect.retries
+        )
+
+    def _reissue(self, effect: Effect, logged: LoggedCall) -> tuple[Pending, Completion]:
+        """A call that was in flight at a crash: verify, or run again as recorded."""
+        args, kwargs = load_payload(logged.args)
+        attempt = logged.attempt + 1
+        if effect.verify is not None and logged.outcome is None:
+            intent = Intent(logged.name, args, kwargs, logged.key, logged.attempt)
+            verified = self._run_sync_or_async(effect.verify, (intent,), {}, effect, logged.key, attempt)
+            if verified is not None:
+                self.store.add_event(self.run_id, "in_doubt_verified", {"effect": effect.name, "key": logged.key})
+                seq = self.store.append_intent(
+                    self.run_id, self.epoch, effect.name, logged.args,
+                    idempotency_key=logged.key, attempt=attempt,
+                )
+                return ("send", verified), self._completion(seq, ("send", verified), 0.0)
+        self.store.add_event(
+            self.run_id, "in_doubt_reissued", {"effect": effect.name, "key": logged.key, "attempt": attempt}
+        )
+        return self._run_attempts(effect, args, kwargs, logged.args, logged.key, attempt)
+
+    def _run_attempts(
+        self,
+        effect: Effect,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        args_blob: bytes,
+        key: str,
+        first_attempt: int,
+    ) -> tuple[Pending, Completion]:
+        attempt = first_attempt
+        while True:
+            seq = self.store.append_intent(
+                self.run_id, self.epoch, effect.name, args_blob, idempotency_key=key, attempt=attempt
+            )
+            self.last_effect = effect.name
+            t0 = time.perf_counter()
+            try:
+                outcome: Pending = ("send", self._run_sync_or_async(effect.fn, args, kwargs, effect, key, attempt))
+            except Exception as exc:  # recorded and thrown into the agent
+                outcome = ("throw", exc)
+            completion = self._completion(seq, outcome, time.perf_counter() - t0)
+            if outcome[0] == "send" or attempt > effect.retries:
+                return outcome, completion
+            self.store.append_completion(self.run_id, self.epoch, completion)
+            time.sleep(effect.retry_delay * (2 ** (attempt - first_attempt)))
+            attempt += 1
+
+    def _run_sync_or_async(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        effect: Effect, key: str, attempt: int,
+    ) -> Any:
+        assert self._loop is not None
+        return self._loop.run_until_complete(self._invoke(effect, args, kwargs, key, attempt, fn))
+
+    async def _invoke(
+        self, effect: Effect, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, attempt: int,
+        fn: Callable[..., Any] | None = None,
+    ) -> Any:
+        fn = fn or effect.fn
+        token = _context.set_current(_context.Current(self.run_id, effect.name, key, attempt))
+        try:
+            if asyncio.iscoroutinefunction(fn):
+                work: Any = fn(*args, **kwargs)
+            else:
+                call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+                work = asyncio.get_running_loop().run_in_executor(None, call)
+            if effect.timeout is not None:
+                return await asyncio.wait_for(work, effect.timeout)
+            return await work
+        finally:
+            _context.reset_current(token)
+
+    def _completion(self, seq: int, outcome: Pending, duration: float) -> Completion:
+        try:
+            blob = dump_payload(outcome[1])
+        except errors.CaptureError as exc:
+            if outcome[0] == "throw":
+                blob = dump_payload(RuntimeError(f"{outcome[1]!r} (original exception not capturable: {exc})"))
+            else:
+                raise errors.RunFailedError(f"the result of an effect cannot be journaled: {exc}") from exc
+        if outcome[0] == "throw":
+            return Completion(seq, error=blob, duration=duration)
+        return Completion(seq, result=blob, duration=duration)
+
+    # ------------------------------------------------------------- snapshots
+
+    def _completed(self, coro: Any, outcome: Pending, completion: Completion) -> None:
+        self.effects += 1
+        self._since_snapshot += 1
+        if self.snapshots and self._since_snapshot >= self.checkpoint_every:
+            self._snapshot(coro, outcome, completion)
+        else:
+            self.store.append_completion(self.run_id, self.epoch, completion)
+            self._tick("effect")
+
+    def _caught_up(self, coro: Any, pending: Pending) -> None:
+        """Replay served the whole journal tail: snapshot so it is not served again."""
+        self.store.add_event(self.run_id, "replayed", {"calls": self.replayed})
+        if self.snapshots and self.replayed:
+            self._snapshot(coro, pending, None)
+
+    def _snapshot(self, coro: Any, pending: Pending, completion: Completion | None) -> None:
+        try:
+            payload = seal(dump_payload((STATE_TAG, 1, coro, pending, self._calls)), compress=False)
+        except errors.CaptureError as exc:
+            if completion is not None:
+                self.store.append_completion(self.run_id, self.epoch, completion)
+            message = f"checkpoint failed, the previous snapshot is kept: {exc}"
+            self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(errors.CaptureError(message)))
+            raise errors.RunFailedError(message) from exc
+        self.store.checkpoint(self.run_id, self.epoch, payload, completion=completion)
+        self.checkpoints += 1
+        self._since_snapshot = 0
+        self._tick("checkpoint")
+
+    # ------------------------------------------------------------- lifecycle
+
+    def _finish(self, status: str, *, result: Any = None, exc: BaseException | None = None) -> Outcome:
+        if status == "completed":
+            self.store.set_status(self.run_id, self.epoch, "completed", result=encode_result(result))
+            return Outcome(self.run_id, "completed", result, None, self.effects, self.checkpoints, self.replayed)
+        assert exc is not None
+        self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(exc))
+        message = f"{type(exc).__name__}: {exc}"
+        return Outcome(self.run_id, "failed", None, message, self.effects, self.checkpoints, self.replayed)
+
+    def _heartbeat(self) -> None:
+        while not self._stop_heartbeat.wait(self.lease / 3):
+            try:
+                self.store.renew_lease(self.run_id, self.epoch, self.lease)
+            except errors.TccError:
+                return  # fenced or closed: the next commit reports it
+
+    def _tick(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress(what, self)

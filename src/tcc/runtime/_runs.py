@@ -1,0 +1,120 @@
+"""Start and resume runs: the glue between scripts, snapshots and the driver."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Any, Callable, Sequence
+
+from .. import errors
+from ..capture import load_payload, native_available, unseal
+from ..store import RunInfo, Store
+from . import _scripts
+from ._driver import STATE_TAG, Driver, Outcome, logged_calls
+
+STRATEGIES = ("continuation", "replay")
+Progress = Callable[[str, Driver], None]
+
+
+def _entry(script: str) -> str:
+    path, func = _scripts.split_entry(script)
+    return f"{path}:{func}"
+
+
+def _make_coroutine(func: Any, args: Sequence[str], entry: str) -> Any:
+    if not inspect.iscoroutinefunction(func):
+        raise errors.UsageError(
+            f"{entry} must be an `async def` function (sync scripts are not supported yet)"
+        )
+    return func(*args)
+
+
+def effective_strategy(strategy: str) -> tuple[str, str | None]:
+    """The strategy to use here, and a notice if it had to change."""
+    if strategy not in STRATEGIES:
+        raise errors.UsageError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if strategy == "continuation" and not native_available():
+        return "replay", (
+            "tcc._native is not available on this interpreter: the run is journaled and will "
+            "recover by replaying the journal instead of resuming a snapshot"
+        )
+    return strategy, None
+
+
+def start(
+    store: Store,
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    run_id: str | None = None,
+    strategy: str = "continuation",
+    checkpoint_every: int = 1,
+    lease: float = 30.0,
+    progress: Progress | None = None,
+    on_created: Callable[[RunInfo], None] | None = None,
+) -> Outcome:
+    """Create a run of ``script`` (``path[:func]``) and drive it to the end."""
+    entry = _entry(script)
+    func = _scripts.resolve(entry)  # usage errors before anything is stored
+    strategy, _notice = effective_strategy(strategy)
+    run = store.create_run(
+        entry, json.dumps(list(args)).encode(), strategy=strategy, run_id=run_id, lease=lease
+    )
+    if on_created is not None:
+        on_created(run)
+    store.add_event(run.run_id, "started", {"pid": os.getpid(), "strategy": strategy})
+    coro = _make_coroutine(func, args, entry)
+    driver = Driver(
+        store, run.run_id, run.epoch, snapshots=strategy == "continuation",
+        checkpoint_every=checkpoint_every, lease=lease, progress=progress,
+    )
+    return driver.drive(coro)
+
+
+def resume(
+    store: Store,
+    run_id: str,
+    *,
+    strategy: str | None = None,
+    checkpoint_every: int = 1,
+    lease: float = 30.0,
+    steal: bool = False,
+    progress: Progress | None = None,
+) -> Outcome:
+    """Continue an unfinished run from its newest good snapshot."""
+    run = store.get_run(run_id)
+    if run.status in ("completed", "cancelled"):
+        raise errors.UsageError(f"run {run_id} is already {run.status}; there is nothing to resume")
+    strategy, _notice = effective_strategy(strategy or run.strategy)
+    func = _scripts.resolve(run.entry)
+    run = store.claim_run(run_id, lease=lease, steal=steal)
+    if run.status != "running":
+        run = store.set_status(run_id, run.epoch, "running")
+
+    snapshot = store.latest_good_snapshot(run_id) if strategy == "continuation" else None
+    if snapshot is not None:
+        info, payload = snapshot
+        try:
+            state = load_payload(unseal(payload))
+        except errors.RestoreError as exc:
+            raise type(exc)(
+                f"run {run_id}: snapshot {info.number} cannot be restored: {exc} "
+                f"(to re-execute from the start against the journal instead: "
+                f"tcc resume --strategy replay {run_id})"
+            ) from exc
+        if not (isinstance(state, tuple) and len(state) == 5 and state[0] == STATE_TAG):
+            raise errors.CorruptSnapshotError(f"run {run_id}: snapshot {info.number} is not a run state")
+        _tag, _version, coro, pending, calls = state
+        start_seq = info.journal_len
+        store.add_event(run_id, "resumed", {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()})
+    else:
+        coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry)
+        pending, calls, start_seq = ("send", None), 0, 0
+        store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
+    replay = logged_calls(store.journal(run_id, start_seq))
+    driver = Driver(
+        store, run_id, run.epoch, snapshots=strategy == "continuation",
+        checkpoint_every=checkpoint_every, lease=lease, progress=progress,
+    )
+    return driver.drive(coro, pending, calls=calls, replay=replay)
