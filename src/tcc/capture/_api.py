@@ -70,6 +70,8 @@ def _check_record(gen: Any, record: Any) -> tuple[tuple[Any, ...], str, str]:
 
 
 def _write_frames(pending: list[tuple[Any, Any]]) -> None:
+    if not pending:
+        return
     checked = [_check_record(gen, record) for gen, record in pending]
     # Every record is valid: only now is any frame written.
     native = _frames.native()

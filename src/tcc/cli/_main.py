@@ -145,6 +145,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tcc`` console script."""
+    code = _main(argv)
+    if argv is None:
+        # A run that stopped abnormally leaves its coroutine suspended; letting
+        # the interpreter finalise it would run the agent's `finally` blocks in
+        # a process that no longer owns the run.  The state is durable, so
+        # leave without finalisers.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)

@@ -38,6 +38,31 @@ class Resource:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._get()(*args, **kwargs)
 
+    # Special methods are looked up on the type, not through __getattr__.
+    def __enter__(self) -> Any:
+        return self._get().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._get().__exit__(*exc)
+
+    async def __aenter__(self) -> Any:
+        return await self._get().__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._get().__aexit__(*exc)
+
+    def __iter__(self) -> Any:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._get()[key]
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._get()
+
     def __reduce__(self) -> Any:
         return (
             Resource._rebuild,

@@ -26,6 +26,7 @@ import asyncio
 import contextvars
 import dataclasses
 import functools
+import inspect
 import json
 import threading
 import time
@@ -99,6 +100,17 @@ def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:
                 else:
                     call.outcome = ("send", load_payload(rec.result or b""))
     return list(calls.values())
+
+
+def _explain_agent_error(exc: Exception) -> Exception:
+    if isinstance(exc, RuntimeError) and "no running event loop" in str(exc):
+        hint = RuntimeError(
+            f"{exc}: asyncio APIs do not work inside a tcc run, because the tcc driver, "
+            "not an asyncio loop, runs the agent; put asyncio work inside a @tcc.effect"
+        )
+        hint.__cause__ = exc
+        return hint
+    return exc
 
 
 def encode_error(exc: BaseException) -> bytes:
@@ -176,12 +188,14 @@ class Driver:
                 except errors.FencedError:
                     raise
                 except Exception as exc:  # the agent itself failed
-                    return self._finish("failed", exc=exc)
+                    return self._finish("failed", exc=_explain_agent_error(exc))
                 pending = self._handle(coro, request)
                 if replaying and not self._replay:
                     replaying = False
                     self._caught_up(coro, pending)
         finally:
+            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()  # never started: closing runs no user code
             self._stop_heartbeat.set()
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()

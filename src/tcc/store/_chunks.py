@@ -71,47 +71,129 @@ def _zstd() -> tuple[Any, Any]:
 
 
 class SplitMemo:
-    """The previous payload of one run, to skip re-hashing chunks that did not change.
+    """The previous payload of one run and how it was cut, to re-cut only what changed.
 
-    A new chunk whose FastCDC gear hash and length match a chunk of the
-    previous payload is compared byte for byte with it (memcmp: ~10x faster
-    than BLAKE2b) and, if equal, reuses its address.
+    FastCDC decides each cut from the bytes after the previous cut only (and
+    from how many bytes remain, up to its maximum chunk size).  So where the
+    new payload has the same bytes as the old one starting at an old cut --
+    at the same offset (an edit in place) or shifted by the change in length
+    (an insertion) -- the old chunks there are the chunks a full cut would
+    produce, with the same addresses.  Such runs are found with ``memcmp``
+    (``bytes.startswith`` on a memoryview: ~30 us per MiB) instead of running
+    the gear hash and BLAKE2b over them, and without a Python step per chunk.
+    Only chunks whose bytes really differ are cut and hashed.  The memo lives
+    in memory only: an address reused from it was computed here over bytes
+    just compared equal, never read back from disk.
     """
 
-    __slots__ = ("payload", "index")
+    __slots__ = ("payload", "cuts", "starts")
 
     def __init__(self) -> None:
         self.payload = b""
-        self.index: dict[tuple[int, int], tuple[int, bytes]] = {}
+        self.cuts: list[tuple[int, int, bytes]] = []  # (offset, length, address)
+        self.starts: dict[int, int] = {}  # offset -> index in cuts
+
+
+def _common(new: bytes, pos: int, old_view: memoryview, b: int) -> int:
+    """Length of the common run of ``new[pos:]`` and ``old[b:]`` (galloping memcmp)."""
+    limit = min(len(new) - pos, len(old_view) - b)
+    lo, step = 0, 16384
+    while lo < limit:  # gallop: grow the compared span while it matches
+        hi = min(limit, lo + step)
+        if not new.startswith(old_view[b + lo : b + hi], pos + lo):
+            break
+        lo = hi
+        step *= 2
+    else:
+        return limit
+    hi = min(limit, lo + step)
+    while hi - lo > 64:  # the first difference is in [lo, hi): bisect it
+        mid = (lo + hi) // 2
+        if new.startswith(old_view[b + lo : b + mid], pos + lo):
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and new[pos + lo] == old_view[b + lo]:
+        lo += 1
+    return lo
 
 
 def split(
     sealer: Sealer, payload: bytes | memoryview, memo: SplitMemo | None = None
 ) -> list[tuple[bytes, memoryview]]:
-    """Cut ``payload`` into content-defined chunks; return ``(address, piece)`` pairs."""
+    """Cut ``payload`` into content-defined chunks; return ``(address, piece)`` pairs.
+
+    The result is exactly that of a full FastCDC cut; ``memo`` (the previous
+    payload of the same run) only avoids re-cutting and re-hashing what did
+    not change.
+    """
     view = memoryview(payload).cast("B")
-    if len(view) == 0:
-        return []
-    out: list[tuple[bytes, memoryview]] = []
-    old = memo.payload if memo is not None else b""
     data = payload if isinstance(payload, bytes) else bytes(view)
-    index: dict[tuple[int, int], tuple[int, bytes]] = {}
-    for ch in _chunker().cut_buf(view):  # type: ignore[attr-defined]
-        off, n = ch.offset, ch.length
-        piece = view[off : off + n]
-        sig = (ch.gear_hash, n)
-        addr = None
-        if memo is not None:
-            hit = memo.index.get(sig)
-            if hit is not None and old[hit[0] : hit[0] + n] == data[off : off + n]:
-                addr = hit[1]
-        if addr is None:
-            addr = sealer.chunk_id(piece)
-        index[sig] = (off, addr)
-        out.append((addr, piece))
+    total = len(data)
+    cuts: list[tuple[int, int, bytes]] = []
+    if total:
+        cdc = _chunker()
+        big = cdc.max_size  # type: ignore[attr-defined]
+        if memo is not None and memo.cuts:
+            old = memo.payload
+            old_view = memoryview(old)
+            old_cuts, starts = memo.cuts, memo.starts
+            shift = total - len(old)
+            shifts = (0, shift) if shift else (0,)
+        else:
+            old, old_cuts, starts, shifts = b"", [], {}, ()
+        pos = 0
+        it = None
+        while pos < total:
+            reused = False
+            for sh in shifts:
+                j = starts.get(pos - sh)
+                if j is None:
+                    continue
+                b = pos - sh
+                if len(old) - b == total - pos and data.startswith(old_view[b:], pos):
+                    # the whole rest is unchanged: so are its cuts
+                    cuts.extend((o + sh, n, a) for o, n, a in old_cuts[j:])
+                    pos = total
+                    reused = True
+                    break
+                same = _common(data, pos, old_view, b)
+                k = j
+                # a cut is reproduced if every byte it looked at (up to and including
+                # the first byte after it) is unchanged and neither buffer ends within
+                # the chunker's window (the remaining length steers FastCDC near the end)
+                while k < len(old_cuts):
+                    o, n, a = old_cuts[k]
+                    if o + n + 1 > b + same or len(old) - o <= big or total - (o + sh) <= big:
+                        break
+                    k += 1
+                if k > j:
+                    cuts.extend((o + sh, n, a) for o, n, a in old_cuts[j:k])
+                    o, n, _ = old_cuts[k - 1]
+                    pos = o + sh + n
+                    reused = True
+                    break
+            if reused:
+                it = None
+                continue
+            if it is None:
+                it = iter(cdc.cut_buf(view[pos:]))  # type: ignore[attr-defined]
+                base = pos
+            ch = next(it)
+            n = ch.length
+            cuts.append((pos, n, b""))
+            pos = base + ch.offset + n
+    out: list[tuple[bytes, memoryview]] = []
+    for i, (o, n, a) in enumerate(cuts):
+        piece = view[o : o + n]
+        if not a:
+            a = sealer.chunk_id(piece)
+            cuts[i] = (o, n, a)
+        out.append((a, piece))
     if memo is not None:
         memo.payload = data
-        memo.index = index
+        memo.cuts = cuts
+        memo.starts = {o: i for i, (o, _, _) in enumerate(cuts)}
     return out
 
 
@@ -150,7 +232,8 @@ def decode_chunk(sealer: Sealer, address: bytes, stored: bytes | memoryview, raw
 
 def pack_entries(entries: Iterable[Entry]) -> bytes:
     """Binary form of a list of ``(chunk id, address, length)`` entries."""
-    return b"".join(_ENTRY.pack(i, h, n) for i, h, n in entries)
+    pack = _ENTRY.pack
+    return b"".join([pack(i, h, n) for i, h, n in entries])
 
 
 def parse_entries(blob: bytes) -> list[Entry]:
@@ -175,24 +258,32 @@ def build_manifest(
     this call's nodes), to avoid re-hashing unchanged nodes.
     """
     seen: dict[bytes, bytes] = {}
+    known = memo if memo is not None else seen
     mask = GROUP_FANOUT - 1
+    size = _ENTRY.size
+    chunk_id = sealer.chunk_id
     nodes: dict[int, bytes] = {}
     level = list(leaves)
     depth = 0
     while len(level) > DIRECT_MAX:
         depth += 1
+        packed = pack_entries(level)
+        # an entry ends a group when its address' last byte has the low bits set
+        ends = [i + 1 for i, e in enumerate(level) if (e[1][-1] & mask) == mask]
+        if not ends or ends[-1] != len(level):
+            ends.append(len(level))
         upper: list[Entry] = []
-        group: list[Entry] = []
-        for i, entry in enumerate(level):
-            group.append(entry)
-            if (entry[1][-1] & mask) == mask or len(group) >= GROUP_MAX or i == len(level) - 1:
-                content = pack_entries(group)
-                addr = (memo or seen).get(content) or sealer.chunk_id(content)
+        start = 0
+        for end in ends:
+            while start < end:
+                stop = min(end, start + GROUP_MAX)
+                content = packed[start * size : stop * size]
+                addr = known.get(content) or chunk_id(content)
                 seen[content] = addr
                 nid = node_id(addr)
                 nodes[nid] = content
                 upper.append((nid, addr, len(content)))
-                group = []
+                start = stop
         level = upper
     if memo is not None:
         memo.clear()

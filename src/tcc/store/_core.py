@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from ..errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError
 from ._api import RunInfo, SnapshotInfo
-from ._chunks import SplitMemo, decode_chunk, parse_entries
+from ._chunks import decode_chunk, parse_entries
 from ._codec import Corrupt, check_name, prefix, seq_key
 from ._env import acquire
 from ._refs import HeldCache, SnapRow, apply_diff, data_key, iter_prefix
@@ -66,7 +66,7 @@ class StoreCore:
         self._held = HeldCache(self._sealer)
         self._closed = False
         self._memo_lock = threading.Lock()
-        self._memos: dict[bytes, tuple[SplitMemo, dict[bytes, bytes]]] = {}
+        self._memos: dict[bytes, Any] = {}  # run id -> _lmdb._RunMemo
 
     # ------------------------------------------------------------- properties
     @property

@@ -18,6 +18,18 @@ from ._refs import iter_prefix, next_chunk_id, snap_rows
 __all__ = ["LmdbStore"]
 
 
+class _RunMemo:
+    """What this process remembers of a run's last checkpoint (memory only)."""
+
+    __slots__ = ("split", "groups", "tag", "by_addr")
+
+    def __init__(self) -> None:
+        self.split = SplitMemo()
+        self.groups: dict[bytes, bytes] = {}  # group node content -> address
+        self.tag: bytes | None = None  # MAC of the newest snapshot record, if known
+        self.by_addr: dict[bytes, int] = {}  # its address -> chunk id map
+
+
 class LmdbStore(Maintenance):
     """Runs, journal, snapshots, signals and events of one tenant, in LMDB.
 
@@ -238,26 +250,33 @@ class LmdbStore(Maintenance):
         transaction.
         """
         rid = self._rid(run_id)
-        sealer, dbs = self._sealer, self._dbs
+        sealer, dbs, held = self._sealer, self._dbs, self._held
         with self._memo_lock:
-            memo, gmemo = self._memos.pop(rid, (SplitMemo(), {}))
-        ordered = split(sealer, payload, memo)
-        pieces = dict(ordered)
+            memo = self._memos.pop(rid, None) or _RunMemo()
+        ordered = split(sealer, payload, memo.split)
         size = len(memoryview(payload).cast("B"))
         pfx = prefix(self._t, rid)
         now = time.time()
 
-        def previous(txn: Any) -> tuple[bytes | None, dict[bytes, int]]:
-            """The newest snapshot's record MAC and its address -> chunk id map."""
-            rows = snap_rows(txn, dbs["snaps"], pfx)
-            if not rows:
-                return None, {}
-            _, key, value = rows[-1]
-            return bytes(value[:16]), self._held.held(txn, dbs, key, value).by_addr
+        if memo.tag is None:
+            def previous(txn: Any) -> tuple[bytes | None, dict[bytes, int]]:
+                """The newest snapshot's record MAC and its address -> chunk id map."""
+                rows = snap_rows(txn, dbs["snaps"], pfx)
+                if not rows:
+                    return None, {}
+                _, key, value = rows[-1]
+                return bytes(value[:16]), held.held(txn, dbs, key, value).by_addr
 
-        prev_tag, prev_map = self._read(previous)
-        # compress what is new outside the write transaction
-        encoded = {h: encode_chunk(p) for h, p in pieces.items() if h not in prev_map}
+            memo.tag, memo.by_addr = self._read(previous)
+        # Compress what is new outside the write transaction.  The guess of what
+        # is stored (this process's last commit of the run) is checked in the
+        # transaction against the newest snapshot's MAC.
+        prev_tag, prev_map = memo.tag, memo.by_addr
+        encoded: dict[bytes, bytes] = {}
+        for h, p in ordered:
+            if h not in prev_map and h not in encoded:
+                encoded[h] = encode_chunk(p)
+        box: list[Any] = []
 
         def op(txn: Any) -> SnapshotInfo:
             self._fence(txn, rid, epoch)
@@ -266,18 +285,21 @@ class LmdbStore(Maintenance):
                 self._completion(txn, rid, jlen, completion, now)
                 jlen += 1
             rows = snap_rows(txn, dbs["snaps"], pfx)
-            tag, by_addr = previous(txn)
-            if tag != prev_tag:  # another writer of the same epoch got in between
-                by_addr = self._held.held(txn, dbs, rows[-1][1], rows[-1][2]).by_addr if rows else {}
+            tag = bytes(rows[-1][2][:16]) if rows else None
+            if tag == prev_tag:
+                by_addr = prev_map
+            else:  # another writer (or process) committed since this process last did
+                by_addr = held.held(txn, dbs, rows[-1][1], rows[-1][2]).by_addr if rows else {}
             next_id = next_chunk_id(txn, dbs["chunks"])
             new: dict[int, bytes] = {}
             ids: dict[bytes, int] = {}
+            get = by_addr.get
 
             def chunk_id(addr: bytes) -> int:
                 nonlocal next_id
                 cid = ids.get(addr)
                 if cid is None:
-                    cid = by_addr.get(addr)
+                    cid = get(addr)
                     if cid is None:
                         cid = next_id
                         next_id += 1
@@ -285,8 +307,15 @@ class LmdbStore(Maintenance):
                     ids[addr] = cid
                 return cid
 
-            leaves = [(chunk_id(h), h, len(p)) for h, p in ordered]
-            depth, top, nodes = build_manifest(sealer, leaves, chunk_id, gmemo)
+            leaves = []
+            for h, p in ordered:
+                cid = get(h)
+                if cid is None:
+                    cid = chunk_id(h)
+                else:
+                    ids[h] = cid
+                leaves.append((cid, h, len(p)))
+            depth, top, nodes = build_manifest(sealer, leaves, chunk_id, memo.groups)
 
             def stored_form(cid: int) -> bytes | None:
                 addr = new.get(cid)
@@ -294,20 +323,32 @@ class LmdbStore(Maintenance):
                     return None
                 if cid in nodes:
                     return encode_node(nodes[cid])
-                return encoded.get(addr) or encode_chunk(pieces[addr])
+                got = encoded.get(addr)
+                if got is None:
+                    got = encode_chunk(dict(ordered)[addr])
+                return got
 
             number = rows[-1][0] + 1 if rows else 1
             key = seq_key(self._t, rid, number)
             value = sealer.seal(b"snaps", key, {"j": jlen, "s": size, "t": now, "g": depth},
                                 {"m": pack_entries(top)})
             self._retain(txn, pfx, rows, (number, key, value), set(ids.values()), stored_form)
+            held.remember(key, value, ids)
+            box[:] = [bytes(value[:16]), ids]
             return SnapshotInfo(run_id, number, jlen, size, now)
 
+        ok = False
         try:
-            return self._write(op)
+            info = self._write(op)
+            ok = True
+            return info
         finally:
+            if ok:
+                memo.tag, memo.by_addr = box
+            else:  # unknown state: look the newest snapshot up next time
+                memo.tag, memo.by_addr = None, {}
             with self._memo_lock:
-                self._memos[rid] = (memo, gmemo)
+                self._memos[rid] = memo
                 while len(self._memos) > 8:
                     self._memos.pop(next(iter(self._memos)))
 

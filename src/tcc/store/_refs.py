@@ -145,6 +145,19 @@ class HeldCache:
                 self._cache.popitem(last=False)
         return result
 
+    def remember(self, key: bytes, value: bytes, by_addr: dict[bytes, int]) -> None:
+        """Record what a snapshot record this process just built references.
+
+        Saves re-reading and re-verifying its group nodes on the next commit.
+        The entry is keyed by the record's MAC and key, so it can only ever
+        describe that exact record.
+        """
+        tag = bytes(value[:16]) + key
+        self._cache[tag] = Held(frozenset(by_addr.values()), by_addr)
+        self._cache.move_to_end(tag)
+        if len(self._cache) > self._size:
+            self._cache.popitem(last=False)
+
     def union(self, txn: Any, dbs: dict[str, Any], rows: Iterable[SnapRow]) -> set[int]:
         """Union of the chunk ids of ``rows``."""
         out: set[int] = set()

@@ -1,0 +1,206 @@
+"""`tcc run`, `resume`, `ls` and `show` through the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+import tcc
+from helpers import AGENTS, Cli
+
+MISC = str(AGENTS / "misc_agent.py")
+
+
+def test_run_prints_id_and_result_and_show_reports_it(tmp_path):
+    """A completed run exits 0, prints its id and result, and `show --json` has the contract fields."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--json", f"{MISC}:ok", "5", check=True)
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "completed" and doc["result"] == [5, 6, True]
+    assert proc.stderr.startswith("run ")
+    shown = cli.show(doc["id"])
+    for field in ("id", "status", "result", "error", "effects", "checkpoints"):
+        assert field in shown
+    assert shown["status"] == "completed" and shown["result"] == [5, 6, True]
+    assert shown["effects"] == 2 and shown["checkpoints"] >= 2
+    listing = json.loads(cli.run("ls", "--json", check=True).stdout)
+    assert [r["id"] for r in listing] == [doc["id"]]
+    assert json.loads(cli.run("ls", "--json", "--status", "failed", check=True).stdout) == []
+
+
+def test_text_output_and_exit_codes(tmp_path):
+    """Plain output shows the result; a failing agent exits 1 with a one-line reason."""
+    cli = Cli(tmp_path)
+    ok = cli.run("run", f"{MISC}:ok", check=True)
+    assert ok.stdout.splitlines()[0].startswith("run ")
+    assert ok.stdout.splitlines()[-1] == "completed: [1, 2, true]"
+    bad = cli.run("run", "--run-id", "b1", f"{MISC}:boom")
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "failed: ValueError: agent gave up"
+    shown = cli.show("b1")
+    assert shown["status"] == "failed" and shown["error"] == "ValueError: agent gave up"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("run", "/nonexistent/agent.py"), "does not exist"),
+        (("run", f"{MISC}:nope"), "has no function 'nope'"),
+        (("run", f"{MISC}:not_async"), "must be an `async def`"),
+        (("resume", "no-such-run"), "no-such-run"),
+    ],
+)
+def test_usage_errors_are_one_line_without_traceback(tmp_path, args, needle):
+    """Bad input gives exit 2 (usage) or 1 (tcc error) and a single clear line."""
+    cli = Cli(tmp_path)
+    cli.run("run", f"{MISC}:ok", check=True)  # create the store
+    proc = cli.run(*args)
+    assert proc.returncode in (1, 2)
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_completed_run_cannot_be_resumed(tmp_path):
+    """Resuming a completed run is refused; it never completes twice."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "done", f"{MISC}:ok", check=True)
+    proc = cli.run("resume", "done")
+    assert proc.returncode == 2 and "already completed" in proc.stderr
+    assert cli.show("done")["status"] == "completed"
+
+
+def test_script_main_block_does_not_run_under_tcc(tmp_path):
+    """The script is loaded under a stable module name, so its __main__ block stays quiet."""
+    mark = tmp_path / "mark.txt"
+    cli = Cli(tmp_path, MARK=str(mark))
+    cli.run("run", f"{MISC}:ok", check=True)
+    assert not mark.exists()
+
+
+def test_effects_outside_a_run_just_run():
+    """Calling an effect outside a run calls the function (tools stay unit-testable)."""
+
+    @tcc.effect
+    def add(a, b):
+        return a + b
+
+    @tcc.effect(retries=1)
+    async def aadd(a, b):
+        return a + b
+
+    import asyncio
+
+    assert add(2, 3) == 5
+    assert asyncio.run(aadd(2, 3)) == 5
+    with pytest.raises(LookupError):
+        tcc.current()
+
+
+def test_unpicklable_local_fails_the_run_and_names_it(tmp_path):
+    """A lock held across an effect fails the run with the frame and variable named."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--run-id", "lk", f"{MISC}:holds_lock")
+    assert proc.returncode == 1
+    assert "holds_lock() line" in proc.stderr and "local 'guard'" in proc.stderr
+    shown = cli.show("lk")
+    assert shown["status"] == "failed"
+    assert "local 'guard'" in shown["error"]
+    assert shown["checkpoints"] >= 1  # the snapshot before the lock is kept
+
+
+def test_resource_keeps_a_live_object_across_checkpoints(tmp_path):
+    """tcc.resource wraps a lock so the run checkpoints and completes."""
+    cli = Cli(tmp_path)
+    doc = json.loads(cli.run("run", "--json", f"{MISC}:with_resource", check=True).stdout)
+    assert doc["status"] == "completed" and doc["result"] is False
+
+
+def test_gather_runs_effects_concurrently_and_journals_each(tmp_path):
+    """tcc.gather returns results in order and journals one completion per effect."""
+    cli = Cli(tmp_path, SLOW="0.3")
+    t0 = time.monotonic()
+    doc = json.loads(cli.run("run", "--json", f"{MISC}:concurrent", check=True).stdout)
+    assert doc["result"] == [1, 2, 3]
+    assert doc["effects"] == 3
+    assert cli.show(doc["id"])["effects"] == 3
+    del t0  # concurrency itself is measured in benchmarks, not asserted here
+
+
+def test_retries_and_thrown_errors(tmp_path):
+    """A flaky effect is retried; an effect that keeps failing raises inside the agent."""
+    cli = Cli(tmp_path)
+    counter = tmp_path / "count"
+    doc = json.loads(cli.run("run", "--json", f"{MISC}:retrying", str(counter), check=True).stdout)
+    assert doc["result"] == 3 and counter.read_text() == "3"
+    doc = json.loads(cli.run("run", "--json", f"{MISC}:catches", check=True).stdout)
+    assert doc["result"] == "caught service down"
+
+
+def test_awaiting_asyncio_inside_a_run_is_explained(tmp_path):
+    """Awaiting an asyncio future inside a run fails with an explanation."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", f"{MISC}:awaits_future")
+    assert proc.returncode == 1
+    assert "asyncio APIs do not work inside a tcc run" in proc.stderr
+
+
+def test_changed_script_is_refused_on_resume_and_replay_is_offered(tmp_path):
+    """After the script changes, resume refuses with a hint; --strategy replay re-executes."""
+    script = tmp_path / "agent.py"
+    source = (AGENTS / "ledger_agent.py").read_text()
+    script.write_text(source)
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.2", STEPS="6")
+    proc = cli.popen("run", "--run-id", "drift", str(script))
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    script.write_text(source.replace("assert value // 1000 == step", "assert value // 1000 == step, 'x'"))
+    refused = cli.run("resume", "drift")
+    assert refused.returncode == 1
+    assert "has changed since the snapshot" in refused.stderr
+    assert "--strategy replay" in refused.stderr
+    assert cli.show("drift")["status"] == "running"
+    replayed = cli.run("resume", "--strategy", "replay", "--json", "drift", check=True)
+    doc = json.loads(replayed.stdout)
+    assert doc["status"] == "completed" and doc["result"]["steps"] == 6
+    assert doc["replayed"] >= 2
+
+
+def test_live_owner_blocks_resume_until_dead(tmp_path):
+    """A resume is refused while the owner is alive, and succeeds at once after it is killed."""
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.3", STEPS="8")
+    owner = cli.popen("run", "--run-id", "lease", str(AGENTS / "ledger_agent.py"))
+    while not ledger.exists():
+        time.sleep(0.05)
+    blocked = cli.run("resume", "lease")
+    assert blocked.returncode == 1 and "is owned by" in blocked.stderr
+    owner.kill()
+    owner.communicate()
+    doc = json.loads(cli.run("resume", "--json", "lease", check=True).stdout)
+    assert doc["status"] == "completed"
+    assert cli.show("lease")["epoch"] == 2
+
+
+def test_without_native_module_runs_recover_by_replay(tmp_path):
+    """With the native module disabled, tcc run says so once and recovers by replaying the journal."""
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="6", TCC_DISABLE_NATIVE="1")
+    proc = cli.popen("run", "--run-id", "nonative", str(AGENTS / "ledger_agent.py"))
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
+        time.sleep(0.05)
+    proc.kill()
+    _out, err = proc.communicate()
+    assert err.count("tcc._native is not available") == 1
+    doc = json.loads(cli.run("resume", "--json", "nonative", check=True).stdout)
+    assert doc["status"] == "completed" and doc["result"]["steps"] == 6
+    assert doc["checkpoints"] == 0 and doc["replayed"] >= 1
+    assert cli.show("nonative")["strategy"] == "replay"
+    assert os.path.exists(ledger)
