@@ -20,6 +20,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="PATH", help="store directory (default: $TCC_STORE or ./.tcc)")
     parser.add_argument("--tenant", default="default", help="tenant the runs belong to (default: default)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--durability", choices=("sync", "group", "none"),
+                        default=os.environ.get("TCC_DURABILITY", "sync"),
+                        help="commit durability (default: sync, or $TCC_DURABILITY); see README")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
@@ -65,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("run_id", metavar="RUN_ID")
     show.set_defaults(handler=_cmd_show)
 
+    gc = sub.add_parser("gc", help="apply snapshot retention, delete unreferenced chunks, optionally compact")
+    _common(gc)
+    gc.add_argument("--compact", action="store_true",
+                    help="also rewrite the store file without free space (needs exclusive access)")
+    gc.set_defaults(handler=_cmd_gc)
+
     info = sub.add_parser("info", help="show the interpreter tag and native-module status")
     info.set_defaults(handler=_cmd_info, json=False)
     return parser
@@ -73,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 def _open(args: argparse.Namespace, *, create: bool) -> Any:
     from ..store import open_store
 
-    return open_store(args.store, tenant=args.tenant, create=create)
+    return open_store(args.store, tenant=args.tenant, create=create, durability=args.durability)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -130,6 +139,24 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     with _open(args, create=False) as store:
         _render.run_detail(store, args.run_id, as_json=args.json)
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    with _open(args, create=False) as store:
+        stats = store.gc()
+        if args.compact:
+            stats = store.compact()
+    doc = {
+        "snapshots_deleted": stats.snapshots_deleted, "chunks_deleted": stats.chunks_deleted,
+        "bytes_before": stats.bytes_before, "bytes_after": stats.bytes_after,
+    }
+    if args.json:
+        import json
+
+        print(json.dumps(doc))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in doc.items()))
     return 0
 
 
