@@ -38,10 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run SCRIPT[:FUNC] as a durable run")
     _common(run)
     run.add_argument("--run-id", help="id for the run; an unfinished run with this id is resumed")
-    run.add_argument("--strategy", default="continuation", choices=("continuation", "replay"),
-                     help="recovery strategy (default: continuation)")
-    run.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
-                     help="snapshot after every N effects (default: 1)")
+    run.add_argument("--strategy", default="continuation", choices=("continuation", "replay", "hybrid"),
+                     help="recovery strategy: continuation (snapshot after every effect, resume it), "
+                          "hybrid (snapshot every K effects, replay the tail) or replay (re-execute "
+                          "from the start against the journal); default continuation")
+    run.add_argument("--checkpoint-every", "--snapshot-every", dest="checkpoint_every", type=int,
+                     default=None, metavar="K",
+                     help="snapshot after every K effects (default 1; 10 for hybrid)")
     run.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
                      help="ownership lease, renewed while the run is alive (default: 30)")
     run.add_argument("script", metavar="SCRIPT[:FUNC]", help="the agent script and its async entry (main)")
@@ -50,9 +53,10 @@ def _parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="continue an unfinished run from its newest snapshot")
     _common(resume)
-    resume.add_argument("--strategy", choices=("continuation", "replay"),
+    resume.add_argument("--strategy", choices=("continuation", "replay", "hybrid"),
                         help="override the run's recovery strategy")
-    resume.add_argument("--checkpoint-every", type=int, default=1, metavar="N")
+    resume.add_argument("--checkpoint-every", "--snapshot-every", dest="checkpoint_every", type=int,
+                        default=None, metavar="K", help="snapshot interval (default: the run's)")
     resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
     resume.add_argument("--steal", action="store_true", help="take the run even if its owner's lease is live")
     resume.add_argument("run_id", metavar="RUN_ID")
@@ -108,9 +112,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         strategy, notice = runtime._runs.effective_strategy(args.strategy)
         if notice:
             print(f"tcc: note: {notice}", file=sys.stderr)
+        every = args.checkpoint_every or (10 if strategy == "hybrid" else 1)
+        if every < 1:
+            raise UsageError("--checkpoint-every must be at least 1")
         outcome = runtime.start(
             store, args.script, args.args, run_id=args.run_id, strategy=strategy,
-            checkpoint_every=args.checkpoint_every, lease=args.lease,
+            checkpoint_every=every, lease=args.lease,
             progress=_render.progress_printer(),
             on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
         )

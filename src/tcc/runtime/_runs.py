@@ -13,7 +13,20 @@ from ..store import RunInfo, Store
 from . import _scripts
 from ._driver import STATE_TAG, Driver, Outcome, logged_calls
 
-STRATEGIES = ("continuation", "replay")
+STRATEGIES = ("continuation", "replay", "hybrid")
+
+
+def parse_strategy(stored: str) -> tuple[str, int]:
+    """``"hybrid:50"`` -> ("hybrid", 50); others have a snapshot interval of 1."""
+    name, _, every = stored.partition(":")
+    return name, int(every) if every else 1
+
+
+def strategy_label(strategy: str, snapshot_every: int) -> str:
+    """What is stored with the run: continuation, replay or hybrid:K."""
+    if strategy == "continuation" and snapshot_every > 1:
+        strategy = "hybrid"
+    return f"hybrid:{snapshot_every}" if strategy == "hybrid" else strategy
 Progress = Callable[[str, Driver], None]
 
 
@@ -32,9 +45,10 @@ def _make_coroutine(func: Any, args: Sequence[str], entry: str) -> Any:
 
 def effective_strategy(strategy: str) -> tuple[str, str | None]:
     """The strategy to use here, and a notice if it had to change."""
+    strategy = parse_strategy(strategy)[0]
     if strategy not in STRATEGIES:
         raise errors.UsageError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if strategy == "continuation" and not native_available():
+    if strategy in ("continuation", "hybrid") and not native_available():
         return "replay", (
             "tcc._native is not available on this interpreter: the run is journaled and will "
             "recover by replaying the journal instead of resuming a snapshot"
@@ -54,19 +68,26 @@ def start(
     progress: Progress | None = None,
     on_created: Callable[[RunInfo], None] | None = None,
 ) -> Outcome:
-    """Create a run of ``script`` (``path[:func]``) and drive it to the end."""
+    """Create a run of ``script`` (``path[:func]``) and drive it to the end.
+
+    ``strategy``: ``continuation`` (a snapshot after every ``checkpoint_every``
+    effects, default 1), ``hybrid`` (the same with ``checkpoint_every`` = K,
+    recovering by snapshot plus replay of the journal tail) or ``replay`` (no
+    snapshots: recovery re-executes from the start against the journal).
+    """
     entry = _entry(script)
     func = _scripts.resolve(entry)  # usage errors before anything is stored
     strategy, _notice = effective_strategy(strategy)
+    label = strategy_label(strategy, checkpoint_every)
     run = store.create_run(
-        entry, json.dumps(list(args)).encode(), strategy=strategy, run_id=run_id, lease=lease
+        entry, json.dumps(list(args)).encode(), strategy=label, run_id=run_id, lease=lease
     )
     if on_created is not None:
         on_created(run)
     store.add_event(run.run_id, "started", {"pid": os.getpid(), "strategy": strategy})
     coro = _make_coroutine(func, args, entry)
     driver = Driver(
-        store, run.run_id, run.epoch, snapshots=strategy == "continuation",
+        store, run.run_id, run.epoch, snapshots=strategy != "replay",
         checkpoint_every=checkpoint_every, lease=lease, progress=progress,
     )
     return driver.drive(coro)
@@ -77,22 +98,29 @@ def resume(
     run_id: str,
     *,
     strategy: str | None = None,
-    checkpoint_every: int = 1,
+    checkpoint_every: int | None = None,
     lease: float = 30.0,
     steal: bool = False,
     progress: Progress | None = None,
 ) -> Outcome:
-    """Continue an unfinished run from its newest good snapshot."""
+    """Continue an unfinished run with its strategy (or ``strategy``).
+
+    continuation/hybrid: from the newest good snapshot, serving the journal
+    after it; replay: from the start, serving the whole journal.
+    """
     run = store.get_run(run_id)
     if run.status in ("completed", "cancelled"):
         raise errors.UsageError(f"run {run_id} is already {run.status}; there is nothing to resume")
+    stored_every = parse_strategy(run.strategy)[1]
+    if checkpoint_every is None:
+        checkpoint_every = stored_every
     strategy, _notice = effective_strategy(strategy or run.strategy)
     func = _scripts.resolve(run.entry)
     run = store.claim_run(run_id, lease=lease, steal=steal)
     if run.status != "running":
         run = store.set_status(run_id, run.epoch, "running")
 
-    snapshot = store.latest_good_snapshot(run_id) if strategy == "continuation" else None
+    snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     if snapshot is not None:
         info, payload = snapshot
         try:
@@ -114,7 +142,7 @@ def resume(
         store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
     replay = logged_calls(store.journal(run_id, start_seq))
     driver = Driver(
-        store, run_id, run.epoch, snapshots=strategy == "continuation",
+        store, run_id, run.epoch, snapshots=strategy != "replay",
         checkpoint_every=checkpoint_every, lease=lease, progress=progress,
     )
     return driver.drive(coro, pending, calls=calls, replay=replay)

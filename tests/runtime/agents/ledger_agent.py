@@ -1,12 +1,13 @@
 """N file-appending effects; the ledger shows what really happened.
 
 Environment: LEDGER (path, required), STEPS (default 40), DELAY (seconds in
-each effect), VERIFY=1 to give the effect a verify probe that finds its own
+each effect), DIE_AT=k to SIGKILL the process inside step k, VERIFY=1 to give the effect a verify probe that finds its own
 ledger line (exactly-once).
 """
 
 import os
 import random
+import signal
 import time
 
 import tcc
@@ -33,6 +34,8 @@ def probe(intent):
 
 
 def _append(step, salt):
+    if os.environ.get("DIE_AT") == str(step):  # a deterministic crash, mid-effect
+        os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(DELAY * random.random())
     value = step * 1000 + salt
     with open(LEDGER, "a") as fh:

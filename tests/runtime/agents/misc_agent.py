@@ -91,3 +91,22 @@ async def awaits_future():
 
 def not_async():
     return 1
+
+
+@tcc.effect
+def maybe_die(step):
+    if os.environ.get("DIE_AT") == str(step):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step
+
+
+async def diverge():
+    await echo(1)
+    if os.environ.get("FLAVOR") == "b":
+        await slow_echo(2)
+    else:
+        await echo(2)
+    await maybe_die(3)
+    return "done"
