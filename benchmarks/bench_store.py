@@ -120,48 +120,64 @@ if pytest is not None:
 
 
 # ------------------------------------------------------------------ report mode
-def _lat(fn: Callable[[], Any], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def latency_table(rounds: int) -> list[dict[str, Any]]:
-    """p50/p99 commit latency per size, mode and workload, with the raw floor."""
+def latency_table(rounds: int, others: dict[str, Any] | None = None,
+                  modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
+    """p50/p99 commit latency per size, mode and workload, with the raw floor.
+
+    Fair to the floor: every payload is generated before timing starts (not
+    inside the timed call), the raw floor and the store commit the very same
+    payloads, and their commits are interleaved round by round so that both
+    see the same machine (the dev VM is shared).  Both do exactly one write
+    transaction per commit with LMDB's default sync (one ``fdatasync`` of the
+    data plus the ``O_DSYNC`` meta page write; checked with ``strace``).
+    ``others`` maps a label to another ``open_store`` (say, an older version
+    of the store) to time side by side in the same rounds.
+    """
     rows = []
+    stores = {"store": open_store, **(others or {})}
     for size_name, size in SIZES.items():
         for fresh in (False, True):
             n = rounds if size < (1 << 20) else max(30, rounds // 4)
+            gen = mutations(size, fresh)
+            payloads = [next(gen) for _ in range(n + 5)]
             with tempfile.TemporaryDirectory() as d:
-                floors = {}
-                for sync in (True, False):
-                    raw = Raw(os.path.join(d, f"raw{sync}"), sync)
-                    gen = mutations(size, fresh)
-                    _lat(lambda: raw.commit(next(gen)), 5)
-                    floors[sync] = _lat(lambda: raw.commit(next(gen)), n)
+                raws = {sync: Raw(os.path.join(d, f"raw{sync}"), sync) for sync in (True, False)}
+                subjects = {}
+                for label, opener in stores.items():
+                    for mode in modes:
+                        st = opener(os.path.join(d, f"{label}-{mode}"), durability=mode)
+                        subjects[label, mode] = (st, st.create_run("bench").run_id)
+                lat: dict[Any, list[float]] = {k: [] for k in [*raws, *subjects]}
+                for i, p in enumerate(payloads):
+                    for sync, raw in raws.items():
+                        t = time.perf_counter()
+                        raw.commit(p)
+                        lat[sync].append(time.perf_counter() - t)
+                    for k, (st, rid) in subjects.items():
+                        t = time.perf_counter()
+                        st.checkpoint(rid, 1, p)
+                        lat[k].append(time.perf_counter() - t)
+                for raw in raws.values():
                     raw.close()
-                for mode in MODES:
-                    s, rid = _store(os.path.join(d, mode), mode)
-                    gen = mutations(size, fresh)
-                    _lat(lambda: s.checkpoint(rid, 1, next(gen)), 5)
-                    lat = _lat(lambda: s.checkpoint(rid, 1, next(gen)), n)
-                    s.close()
-                    floor = floors[mode != "none"]
-                    rows.append({
-                        "size": size_name, "workload": "all new" if fresh else "small delta",
-                        "mode": mode, "p50_ms": _pct(lat, .5) * 1e3, "p99_ms": _pct(lat, .99) * 1e3,
-                        "floor": "raw sync" if mode != "none" else "raw nosync",
-                        "floor_p50_ms": _pct(floor, .5) * 1e3, "floor_p99_ms": _pct(floor, .99) * 1e3,
-                        "ratio_p50": _pct(lat, .5) / _pct(floor, .5),
-                    })
+                for st, _ in subjects.values():
+                    st.close()
+            lat = {k: v[5:] for k, v in lat.items()}  # warm-up rounds
+            for (label, mode) in subjects:
+                xs, floor = lat[label, mode], lat[mode != "none"]
+                rows.append({
+                    "size": size_name, "workload": "all new" if fresh else "small delta",
+                    "mode": mode, "store": label,
+                    "p50_ms": _pct(xs, .5) * 1e3, "p99_ms": _pct(xs, .99) * 1e3,
+                    "floor": "raw sync" if mode != "none" else "raw nosync",
+                    "floor_p50_ms": _pct(floor, .5) * 1e3, "floor_p99_ms": _pct(floor, .99) * 1e3,
+                    "ratio_p50": _pct(xs, .5) / _pct(floor, .5),
+                    "ratio_p99": _pct(xs, .99) / _pct(floor, .99),
+                })
     return rows
 
 
@@ -197,11 +213,12 @@ def _wchar() -> int:
     return 0
 
 
-def bytes_per_step(steps: int, marks: tuple[int, ...], window: int = 20) -> list[dict[str, Any]]:
+def bytes_per_step(steps: int, marks: tuple[int, ...], window: int = 20,
+                   opener: Callable[..., Any] = open_store) -> list[dict[str, Any]]:
     """Bytes written per checkpoint of a growing transcript vs. the raw 1 KiB-delta floor."""
     acc: dict[int, list[float]] = {m: [0.0, 0.0, 0.0] for m in marks if m <= steps}
     with tempfile.TemporaryDirectory() as d:
-        s = open_store(os.path.join(d, "s"), durability="none")
+        s = opener(os.path.join(d, "s"), durability="none")
         rid = s.create_run("transcript").run_id
         raw = Raw(os.path.join(d, "raw"), sync=False)
         msgs: list[bytes] = []
@@ -236,26 +253,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--json", help="also write raw figures to this file")
+    p.add_argument("--modes", default=",".join(MODES), help="durability modes to time (a,b)")
+    p.add_argument("--compare-with", metavar="PKG",
+                   help="also time an importable copy of tcc (e.g. an older checkout copied "
+                        "as package PKG) side by side, in the same rounds")
+    p.add_argument("--no-throughput", action="store_true", help="skip the group-commit test")
     args = p.parse_args(argv)
     if not args.report:
         p.print_help()
         return 2
-    lat = latency_table(args.rounds)
-    print(f"{'size':>7} {'workload':>11} {'mode':>6} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'floor':>10} {'fl p50':>8} {'fl p99':>8} {'x floor':>7}")
+    modes = tuple(m for m in args.modes.split(",") if m)
+    others: dict[str, Any] = {}
+    if args.compare_with:
+        import importlib
+
+        others["other"] = importlib.import_module(f"{args.compare_with}.store").open_store
+    lat = latency_table(args.rounds, others, modes)
+    print(f"{'size':>7} {'workload':>11} {'mode':>6} {'store':>6} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'floor':>10} {'fl p50':>8} {'fl p99':>8} {'x p50':>6} {'x p99':>6}")
     for r in lat:
-        print(f"{r['size']:>7} {r['workload']:>11} {r['mode']:>6} {r['p50_ms']:8.3f} "
-              f"{r['p99_ms']:8.3f} {r['floor']:>10} {r['floor_p50_ms']:8.3f} "
-              f"{r['floor_p99_ms']:8.3f} {r['ratio_p50']:7.2f}")
-    thr = group_throughput()
-    print(f"\n4 threads x 4 KiB commits: sync {thr['sync']:.0f}/s, group {thr['group']:.0f}/s "
-          f"({thr['group'] / thr['sync']:.2f}x)")
+        print(f"{r['size']:>7} {r['workload']:>11} {r['mode']:>6} {r['store']:>6} "
+              f"{r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['floor']:>10} {r['floor_p50_ms']:8.3f} "
+              f"{r['floor_p99_ms']:8.3f} {r['ratio_p50']:6.2f} {r['ratio_p99']:6.2f}")
+    thr: dict[str, float] = {}
+    if not args.no_throughput:
+        thr = group_throughput()
+        print(f"\n4 threads x 4 KiB commits: sync {thr['sync']:.0f}/s, group {thr['group']:.0f}/s "
+              f"({thr['group'] / thr['sync']:.2f}x)")
     bps = bytes_per_step(args.steps, (100, 1000, 5000))
-    print(f"\n{'step':>6} {'store B/step':>13} {'raw floor':>10} {'x floor':>8} {'x step100':>10} "
-          f"{'commit ms':>10}")
-    for r in bps:
-        print(f"{r['step']:>6} {r['store_bytes_per_step']:13.0f} {r['raw_floor_bytes_per_step']:10.0f} "
-              f"{r['ratio_to_floor']:8.2f} {r['ratio_to_step_100']:10.2f} {r['commit_ms']:10.2f}")
+    runs = [("store", bps)]
+    if args.compare_with:
+        runs.append(("other", bytes_per_step(args.steps, (100, 1000, 5000), opener=others["other"])))
+    print(f"\n{'step':>6} {'store':>6} {'store B/step':>13} {'raw floor':>10} {'x floor':>8} "
+          f"{'x step100':>10} {'commit ms':>10}")
+    for label, rs in runs:
+        for r in rs:
+            print(f"{r['step']:>6} {label:>6} {r['store_bytes_per_step']:13.0f} "
+                  f"{r['raw_floor_bytes_per_step']:10.0f} {r['ratio_to_floor']:8.2f} "
+                  f"{r['ratio_to_step_100']:10.2f} {r['commit_ms']:10.2f}")
     print(f"store file after {args.steps} steps: {bps[-1]['store_file_bytes'] / 2**20:.1f} MiB")
     if args.json:
         with open(args.json, "w") as f:
