@@ -1,0 +1,357 @@
+"""Recovery benchmark harness: continuation vs hybrid vs replay, and real peers.
+
+    python -m benchmarks.recovery --smoke    # seconds: CI smoke test
+    python -m benchmarks.recovery --quick    # a few minutes on 2 cores
+    python -m benchmarks.recovery --full     # adds N = 10,000
+
+Writes raw JSON to ``benchmarks/results/`` and, from it, the table in
+``benchmarks/README.md`` and the figures and tables under ``paper/generated/``
+(``python -m benchmarks.report FILE`` re-renders them from any raw file).
+
+What is measured (all strategies side by side, repetitions interleaved
+A B C A B C ...):
+
+* recovery latency after a SIGKILL inside step N-1, for N in the size list,
+  in-process (open store -> continuation restored / journal replayed -> first
+  new effect issued) and as a whole process (`tcc resume` spawned -> first new
+  effect);
+* three regimes: ``const`` (small constant state), ``grow`` (+1 KiB of
+  transcript per step) and ``work`` (0.5 ms of CPU between effects);
+* per-step cost while running, checkpoint overhead vs state size against a raw
+  LMDB put+commit of the same bytes, store bytes per step;
+* the Young-Daly interval from the measured checkpoint cost, against a
+  measured sweep of hybrid K;
+* DBOS and LangGraph running the same agent, when installed (``[peers]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+AGENT = str(ROOT / "benchmarks" / "agent.py")
+RESULTS = ROOT / "benchmarks" / "results"
+
+PROFILES = {
+    "smoke": {"sizes": [10, 50], "repeats": 2, "regimes": ["const", "grow", "work"],
+              "state_sizes": [1 << 10, 100 << 10], "k_sweep": [1, 4, 16], "peer_sizes": [10]},
+    "quick": {"sizes": [10, 100, 1000], "repeats": 3, "regimes": ["const", "grow", "work"],
+              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
+              "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000]},
+    "full": {"sizes": [10, 100, 1000, 10000], "repeats": 5, "regimes": ["const", "grow", "work"],
+             "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
+             "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [100, 1000, 10000]},
+}
+WORK_MS = 0.5
+HYBRID_K = 16
+STRATEGIES = {"continuation": ("continuation", ()), "hybrid": ("hybrid", ("--snapshot-every", str(HYBRID_K))),
+              "replay": ("replay", ())}
+
+
+def regime_args(regime: str) -> tuple[str, str]:
+    return ("const", str(WORK_MS)) if regime == "work" else (regime, "0")
+
+
+def tcc_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tcc", *args]
+
+
+def env_for(store: pathlib.Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "TCC_STORE"))}
+    env.update(TCC_STORE=str(store), PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def allocated(path: pathlib.Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------- crashed runs
+
+
+def build_crashed_run(work: pathlib.Path, strategy: str, n: int, regime: str,
+                      k: int | None = None, kill_at: int | None = None) -> dict[str, Any]:
+    """Run the agent and SIGKILL it inside step ``kill_at`` (default N-1)."""
+    name, extra = STRATEGIES[strategy]
+    if k is not None:
+        extra = ("--snapshot-every", str(k))
+    store = work / f"{strategy}{k or ''}-{regime}-{n}"
+    reg, work_ms = regime_args(regime)
+    kill = n - 1 if kill_at is None else kill_at
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        tcc_cmd("run", "--run-id", "bench", "--strategy", name, *extra, AGENT, str(n), reg, work_ms),
+        env=env_for(store, BENCH_KILL_AT=str(kill)), capture_output=True, text=True, timeout=3600,
+    )
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != -9:
+        raise RuntimeError(f"benchmark run did not die as planned ({proc.returncode}): {proc.stderr}")
+    return {"store": store, "build_s": elapsed, "bytes": allocated(store), "steps_done": kill}
+
+
+def whole_process(store: pathlib.Path, scratch: pathlib.Path) -> float:
+    copy = scratch / "wp"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(store, copy)
+    marker = scratch / "first.txt"
+    marker.unlink(missing_ok=True)
+    t0 = time.time()
+    proc = subprocess.run(tcc_cmd("resume", "bench"), env=env_for(copy, BENCH_FIRST=str(marker)),
+                          capture_output=True, text=True, timeout=3600)
+    if not marker.exists():
+        raise RuntimeError(f"recovery never reached a new effect: {proc.stderr}")
+    return float(marker.read_text()) - t0
+
+
+def in_process(store: pathlib.Path, scratch: pathlib.Path) -> float:
+    from tcc import runtime
+    from tcc.store import open_store
+
+    copy = scratch / "ip"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(store, copy)
+    agent = runtime.load_script(AGENT)
+    seen: list[float] = []
+
+    def hook(_i: int) -> None:
+        seen.append(time.perf_counter())
+        raise agent.FirstEffect
+
+    agent.IN_PROCESS_HOOK[:] = [hook]
+    try:
+        t0 = time.perf_counter()
+        with open_store(copy, create=False) as st:
+            try:
+                runtime.resume(st, "bench")
+            except agent.FirstEffect:
+                pass
+    finally:
+        agent.IN_PROCESS_HOOK.clear()
+    if not seen:
+        raise RuntimeError("in-process recovery never reached a new effect")
+    return seen[0] - t0
+
+
+def finish(store: pathlib.Path, scratch: pathlib.Path) -> Any:
+    copy = scratch / "fin"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(store, copy)
+    proc = subprocess.run(tcc_cmd("resume", "--json", "bench"), env=env_for(copy),
+                          capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"recovery did not complete: {proc.stderr}")
+    return json.loads(proc.stdout)["result"]
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def recovery_suite(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    rows = []
+    for regime in profile["regimes"]:
+        for n in profile["sizes"]:
+            built = {s: build_crashed_run(work, s, n, regime) for s in STRATEGIES}
+            samples: dict[str, dict[str, list[float]]] = {s: {"in": [], "whole": []} for s in STRATEGIES}
+            for _ in range(profile["repeats"]):
+                for s in STRATEGIES:  # interleaved: A B C A B C ...
+                    samples[s]["in"].append(in_process(built[s]["store"], work))
+                    samples[s]["whole"].append(whole_process(built[s]["store"], work))
+            for s in STRATEGIES:
+                row = {
+                    "regime": regime, "n": n, "strategy": s,
+                    "in_process_s": samples[s]["in"], "whole_process_s": samples[s]["whole"],
+                    "build_s": built[s]["build_s"], "store_bytes": built[s]["bytes"],
+                    "bytes_per_step": built[s]["bytes"] / max(1, built[s]["steps_done"]),
+                    "result": finish(built[s]["store"], work),
+                }
+                rows.append(row)
+                log(f"recovery {regime:5} N={n:<6} {s:12} in-process {median(row['in_process_s']) * 1e3:9.2f} ms"
+                    f"  whole {median(row['whole_process_s']) * 1e3:8.1f} ms")
+                shutil.rmtree(built[s]["store"], ignore_errors=True)
+    return rows
+
+
+# ------------------------------------------------------ checkpoint overhead
+
+
+def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    """Per-step time with a snapshot after every effect vs journal only, by state size."""
+    import lmdb
+
+    from tcc import runtime
+    from tcc.capture import dump_payload
+    from tcc.store import open_store
+
+    agent = runtime.load_script(AGENT)
+    steps = 20
+    rows = []
+    for size in profile["state_sizes"]:
+        per: dict[str, list[float]] = {"continuation": [], "replay": []}
+        for rep in range(profile["repeats"]):
+            for strategy in per:
+                store_dir = work / f"ovh-{size}-{strategy}-{rep}"
+                with open_store(store_dir) as st:
+                    t0 = time.perf_counter()
+                    runtime.start(st, AGENT, [str(steps), f"size:{size}", "0"], strategy=strategy)
+                    per[strategy].append((time.perf_counter() - t0) / steps)
+                shutil.rmtree(store_dir, ignore_errors=True)
+        # The raw floor: one LMDB put+commit (sync) of the snapshot's bytes.
+        blob = dump_payload([f"{j:08d}" * 16 for j in range(size // 128)])
+        env = lmdb.open(str(work / f"raw-{size}"), map_size=1 << 33, sync=True)
+        floor = []
+        for i in range(max(5, profile["repeats"] * 3)):
+            t0 = time.perf_counter()
+            with env.begin(write=True) as txn:
+                txn.put(b"k%d" % i, blob)
+            floor.append(time.perf_counter() - t0)
+        env.close()
+        shutil.rmtree(work / f"raw-{size}", ignore_errors=True)
+        overhead = median(per["continuation"]) - median(per["replay"])
+        rows.append({"state_bytes": size, "snapshot_bytes": len(blob),
+                     "step_s_continuation": per["continuation"], "step_s_journal_only": per["replay"],
+                     "checkpoint_overhead_s": overhead, "raw_lmdb_commit_s": median(floor),
+                     "ratio_vs_raw": overhead / median(floor) if median(floor) else float("nan")})
+        log(f"checkpoint state {size:>9,} B: overhead {overhead * 1e3:7.3f} ms/step, "
+            f"raw LMDB commit {median(floor) * 1e3:7.3f} ms")
+        del agent.IN_PROCESS_HOOK[:]
+    return rows
+
+
+# -------------------------------------------------------------- Young-Daly
+
+
+def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[dict[str, Any]],
+               log: Any, mtbf_s: float = 3600.0) -> dict[str, Any]:
+    """Compare sqrt(2*C*MTBF) with a measured sweep of the hybrid interval K."""
+    sweep = []
+    for k in profile["k_sweep"]:
+        n = max(profile["k_sweep"]) * 2 + 2
+        kill_at = (n // k) * k - (k // 2) - 1 if k > 1 else n - 1  # mid-interval crash
+        kill_at = max(1, min(n - 1, kill_at))
+        built = build_crashed_run(work, "hybrid", n, "work", k=k, kill_at=kill_at)
+        rec = [in_process(built["store"], work) for _ in range(profile["repeats"])]
+        sweep.append({"k": k, "n": n, "kill_at": kill_at, "build_step_s": built["build_s"] / kill_at,
+                      "recovery_s": rec})
+        shutil.rmtree(built["store"], ignore_errors=True)
+    step_s = min(r["build_step_s"] for r in sweep)
+    checkpoint_s = max(0.0, sweep[0]["build_step_s"] - sweep[-1]["build_step_s"])
+    k_opt = (2 * checkpoint_s * mtbf_s) ** 0.5 / step_s if step_s else float("nan")
+    for r in sweep:
+        # expected overhead per second of work: checkpoint share + recovery per failure
+        r["expected_overhead"] = (r["build_step_s"] - step_s) / step_s + median(r["recovery_s"]) / mtbf_s
+    best = min(sweep, key=lambda r: r["expected_overhead"])
+    log(f"young-daly: C={checkpoint_s * 1e3:.3f} ms, step={step_s * 1e3:.3f} ms, MTBF={mtbf_s:.0f} s "
+        f"-> K_opt={k_opt:.1f}; best measured K={best['k']}")
+    return {"mtbf_s": mtbf_s, "checkpoint_s": checkpoint_s, "step_s": step_s, "k_opt": k_opt,
+            "best_measured_k": best["k"], "sweep": sweep}
+
+
+# ------------------------------------------------------------------- peers
+
+
+def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    try:
+        from benchmarks import peers as peer_pkg
+    except ImportError:
+        log("peers: benchmarks.peers is missing; skipped")
+        return rows
+    for modname in ("dbos_peer", "langgraph_peer"):
+        try:
+            mod = __import__(f"benchmarks.peers.{modname}", fromlist=["measure"])
+        except ImportError as exc:
+            log(f"peers: {modname} cannot be imported ({exc}); skipped")
+            continue
+        if not mod.available():
+            log(f"peers: {modname}: peer not installed (pip install 'tcc[peers]'); skipped")
+            continue
+        for n in profile["peer_sizes"]:
+            for regime, work_ms in (("const", 0.0), ("const", WORK_MS)):
+                folder = work / f"{modname}-{n}-{work_ms}"
+                folder.mkdir(parents=True, exist_ok=True)
+                row = mod.measure(n, regime=regime, work_ms=work_ms, repeats=profile["repeats"], workdir=folder)
+                row["regime_label"] = "work" if work_ms else "const"
+                rows.append(row)
+                log(f"peer {row['peer']:10} N={n:<6} {row['regime_label']:5} in-process "
+                    f"{median(row['in_process_s']) * 1e3:9.2f} ms  whole {median(row['whole_process_s']) * 1e3:8.1f} ms")
+                shutil.rmtree(folder, ignore_errors=True)
+    del peer_pkg
+    return rows
+
+
+# -------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    for name in PROFILES:
+        group.add_argument(f"--{name}", dest="profile", action="store_const", const=name)
+    parser.add_argument("--no-peers", action="store_true", help="skip DBOS and LangGraph")
+    parser.add_argument("--no-render", action="store_true", help="write raw JSON only")
+    args = parser.parse_args(argv)
+    profile_name = args.profile or "quick"
+    profile = PROFILES[profile_name]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="tcc-bench-") as tmp:
+        work = pathlib.Path(tmp)
+        raw: dict[str, Any] = {
+            "profile": profile_name, "python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "started": started, "work_ms": WORK_MS, "hybrid_k": HYBRID_K,
+        }
+        raw["recovery"] = recovery_suite(profile, work, log)
+        raw["checkpoint"] = checkpoint_overhead(profile, work, log)
+        raw["young_daly"] = young_daly(profile, work, raw["checkpoint"], log)
+        raw["peers"] = [] if args.no_peers else peers(profile, work, log)
+    raw["elapsed_s"] = time.time() - started
+    problems = check(raw)
+    out = RESULTS / f"recovery-{profile_name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(raw, indent=1, default=str))
+    log(f"raw results: {out} ({raw['elapsed_s']:.0f} s)")
+    if not args.no_render:
+        from benchmarks import report
+
+        report.render(raw, log)
+    for p in problems:
+        log(f"PROBLEM: {p}")
+    return 1 if problems else 0
+
+
+def check(raw: dict[str, Any]) -> list[str]:
+    """What the smoke test asserts: numbers from every strategy and peer, equal results."""
+    problems = []
+    by_case: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in raw["recovery"]:
+        by_case.setdefault((row["regime"], row["n"]), {})[row["strategy"]] = row["result"]
+        if not row["in_process_s"] or not row["whole_process_s"]:
+            problems.append(f"no numbers for {row['strategy']} {row['regime']} N={row['n']}")
+    for (regime, n), results in by_case.items():
+        if set(results) != set(STRATEGIES):
+            problems.append(f"missing strategies for {regime} N={n}: {sorted(results)}")
+        if len({json.dumps(r, sort_keys=True) for r in results.values()}) != 1:
+            problems.append(f"strategies disagree for {regime} N={n}: {results}")
+    for row in raw["peers"]:
+        if not row.get("in_process_s") or not row.get("whole_process_s"):
+            problems.append(f"peer {row.get('peer')} produced no numbers at N={row.get('n')}")
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())
