@@ -9,11 +9,15 @@ from ._version import __version__ as __version__
 from .capture import dumps as dumps
 from .capture import loads as loads
 from .capture import register_reducer as register_reducer
+from .effects import approval as approval
 from .effects import checkpoint as checkpoint
 from .effects import current as current
 from .effects import effect as effect
 from .effects import gather as gather
 from .effects import resource as resource
+from .effects import sleep as sleep
+from .effects import sleep_until as sleep_until
+from .effects import wait_for as wait_for
 from .errors import CaptureError as CaptureError
 from .errors import CodeChangedError as CodeChangedError
 from .errors import CorruptSnapshotError as CorruptSnapshotError
@@ -29,6 +33,7 @@ __all__ = [
     "RestoreError",
     "TccError",
     "__version__",
+    "approval",
     "checkpoint",
     "current",
     "dumps",
@@ -37,4 +42,7 @@ __all__ = [
     "loads",
     "register_reducer",
     "resource",
+    "sleep",
+    "sleep_until",
+    "wait_for",
 ]

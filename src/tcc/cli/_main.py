@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="snapshot after every K effects (default 1; 10 for hybrid)")
     run.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
                      help="ownership lease, renewed while the run is alive (default: 30)")
+    run.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                     help="at a tcc.wait_for/approval, wait this long in-process before parking")
     run.add_argument("script", metavar="SCRIPT[:FUNC]", help="the agent script and its async entry (main)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to FUNC as strings")
     run.set_defaults(handler=_cmd_run)
@@ -59,8 +61,24 @@ def _parser() -> argparse.ArgumentParser:
                         default=None, metavar="K", help="snapshot interval (default: the run's)")
     resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
     resume.add_argument("--steal", action="store_true", help="take the run even if its owner's lease is live")
+    resume.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="at a tcc.wait_for/approval, wait this long in-process before parking")
     resume.add_argument("run_id", metavar="RUN_ID")
     resume.set_defaults(handler=_cmd_resume)
+
+    signal = sub.add_parser("signal", help="deliver a value to a run's tcc.wait_for(NAME)")
+    _common(signal)
+    signal.add_argument("run_id", metavar="RUN_ID")
+    signal.add_argument("name", metavar="NAME")
+    signal.add_argument("--value", default="null", metavar="JSON", help="the value, as JSON (default null)")
+    signal.set_defaults(handler=_cmd_signal)
+
+    for verb, approved in (("approve", True), ("reject", False)):
+        answer = sub.add_parser(verb, help=f"{verb} the run's pending tcc.approval")
+        _common(answer)
+        answer.add_argument("run_id", metavar="RUN_ID")
+        answer.add_argument("--comment", default=None, help="recorded with the answer")
+        answer.set_defaults(handler=_cmd_answer, approved=approved)
 
     ls = sub.add_parser("ls", help="list runs")
     _common(ls)
@@ -106,7 +124,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 _render.started(existing.run_id, resumed=True, as_json=args.json)
                 outcome = runtime.resume(
                     store, args.run_id, checkpoint_every=args.checkpoint_every, lease=args.lease,
-                    progress=_render.progress_printer(),
+                    progress=_render.progress_printer(), wait_seconds=args.wait,
                 )
                 return _render.outcome(outcome, as_json=args.json)
         strategy, notice = runtime._runs.effective_strategy(args.strategy)
@@ -118,7 +136,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         outcome = runtime.start(
             store, args.script, args.args, run_id=args.run_id, strategy=strategy,
             checkpoint_every=every, lease=args.lease,
-            progress=_render.progress_printer(),
+            progress=_render.progress_printer(), wait_seconds=args.wait,
             on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
         )
         return _render.outcome(outcome, as_json=args.json)
@@ -132,8 +150,49 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         outcome = runtime.resume(
             store, args.run_id, strategy=args.strategy, checkpoint_every=args.checkpoint_every,
             lease=args.lease, steal=args.steal, progress=_render.progress_printer(),
+            wait_seconds=args.wait,
         )
         return _render.outcome(outcome, as_json=args.json)
+
+
+def _cmd_signal(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        json.loads(args.value)
+    except ValueError as exc:
+        raise UsageError(f"--value must be JSON: {exc}") from None
+    from ..effects._effect import _check_name
+
+    try:
+        _check_name(args.name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with _open(args, create=False) as store:
+        store.get_run(args.run_id)
+        for n in range(1, 100_000):
+            wait_id = f"{args.name}@{n}"
+            if store.send_signal(args.run_id, wait_id, args.value.encode()):
+                break
+        _render.delivered(args.run_id, wait_id, as_json=args.json)
+    return 0
+
+
+def _cmd_answer(args: argparse.Namespace) -> int:
+    import json
+
+    with _open(args, create=False) as store:
+        pending = [w for w in _render.pending_waits(store, args.run_id) if w.get("kind") == "approval"]
+        if not pending:
+            raise UsageError(f"run {args.run_id} has no pending approval")
+        wait_id = pending[-1]["id"]
+        value = json.dumps({"approved": args.approved, "comment": args.comment}).encode()
+        if not store.send_signal(args.run_id, wait_id, value):
+            raise UsageError(f"approval {wait_id} of run {args.run_id} was already answered")
+        store.add_event(args.run_id, "approved" if args.approved else "rejected",
+                        {"id": wait_id, "comment": args.comment})
+        _render.delivered(args.run_id, wait_id, as_json=args.json)
+    return 0
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -214,3 +273,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print("tcc: interrupted; the run can be resumed with `tcc resume`", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug in tcc: one line, traceback on --debug
+        if args.debug:
+            raise
+        print(f"tcc: internal error ({type(exc).__name__}: {exc}); please report it, "
+              "with the output of the same command run with --debug", file=sys.stderr)
+        return 1

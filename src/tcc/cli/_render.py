@@ -63,13 +63,24 @@ def outcome(out: Any, *, as_json: bool) -> int:
         print(json.dumps({
             "id": out.run_id, "status": out.status, "result": _jsonable(out.result),
             "error": out.error, "effects": out.effects, "checkpoints": out.checkpoints,
-            "replayed": out.replayed,
+            "replayed": out.replayed, "parked": out.parked,
         }))
     elif out.status == "completed":
         print(f"completed: {json.dumps(_jsonable(out.result))}")
+    elif out.status == "waiting":
+        info = out.parked or {}
+        if info.get("kind") == "approval":
+            print(f"waiting for approval: {info.get('prompt')!r} -- answer with "
+                  f"`tcc approve {out.run_id}` or `tcc reject {out.run_id}`, then `tcc resume {out.run_id}`")
+        else:
+            print(f"waiting for signal {info.get('name')!r} -- send it with "
+                  f"`tcc signal {out.run_id} {info.get('name')} --value JSON`, then `tcc resume {out.run_id}`")
+    elif out.status == "sleeping":
+        until = (out.parked or {}).get("until", 0)
+        print(f"sleeping until {_when(until)} -- `tcc resume {out.run_id}` after that (or run `tcc worker`)")
     else:
         print(f"failed: {out.error}", file=sys.stderr)
-    return 0 if out.status == "completed" else 1
+    return 1 if out.status == "failed" else 0
 
 
 def _jsonable(value: Any) -> Any:
@@ -96,6 +107,31 @@ def run_list(runs: list[RunInfo], *, as_json: bool) -> None:
         print(f"{r.run_id:<34} {r.status:<10} {_when(r.updated):<19}  {r.entry}")
 
 
+def delivered(run_id: str, wait_id: str, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"id": run_id, "signal": wait_id, "delivered": True}))
+    else:
+        print(f"delivered {wait_id} to run {run_id}")
+
+
+def pending_waits(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """Waits the run parked on whose signal has not been consumed yet."""
+    waits: dict[str, dict[str, Any]] = {}
+    for e in store.events(run_id):
+        data = dict(e.data)
+        if e.kind == "wait" and "id" in data:
+            waits[data["id"]] = data
+        elif e.kind == "wait_satisfied":
+            waits.pop(data.get("id"), None)
+    out = []
+    for wait_id, data in waits.items():
+        state = store.signal_state(run_id, wait_id)
+        if state != "consumed":
+            data.pop("status", None)
+            out.append({**data, "signal": state or "not sent"})
+    return out
+
+
 def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     run = store.get_run(run_id)
     journal = store.journal(run_id)
@@ -120,6 +156,7 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "owner": f"{run.owner_host}:{run.owner_pid}",
         "created": run.created,
         "updated": run.updated,
+        "waits": pending_waits(store, run_id),
         "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size} for s in snapshots],
         "events": [{"kind": e.kind, "time": e.time, **dict(e.data)} for e in events],
     }
@@ -136,6 +173,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         print(f"  result     {json.dumps(doc['result'])}")
     if doc["error"]:
         print(f"  error      {doc['error']}")
+    for w in doc["waits"]:
+        what = f"approval {w.get('prompt')!r}" if w.get("kind") == "approval" else f"signal {w.get('name')!r}"
+        print(f"  waiting    {what} (id {w['id']}, signal {w['signal']})")
     print("  events")
     for e in events:
         extra = " ".join(f"{k}={v}" for k, v in dict(e.data).items())

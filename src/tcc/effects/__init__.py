@@ -6,6 +6,12 @@ from ._effect import CheckpointRequest as CheckpointRequest
 from ._effect import Effect as Effect
 from ._effect import EffectRequest as EffectRequest
 from ._effect import GatherRequest as GatherRequest
+from ._effect import SleepRequest as SleepRequest
+from ._effect import WaitRequest as WaitRequest
+from ._effect import approval as approval
+from ._effect import sleep as sleep
+from ._effect import sleep_until as sleep_until
+from ._effect import wait_for as wait_for
 from ._effect import checkpoint as checkpoint
 from ._effect import effect as effect
 from ._effect import gather as gather
@@ -20,10 +26,16 @@ __all__ = [
     "EffectRequest",
     "GatherRequest",
     "Resource",
+    "SleepRequest",
+    "WaitRequest",
+    "approval",
     "checkpoint",
     "current",
     "effect",
     "gather",
     "lookup",
     "resource",
+    "sleep",
+    "sleep_until",
+    "wait_for",
 ]

@@ -67,6 +67,61 @@ class CheckpointRequest:
         return (CheckpointRequest, ())
 
 
+class WaitRequest:
+    """``await tcc.wait_for(name)`` / ``tcc.approval(prompt)``: park until a signal.
+
+    The driver fills ``wait_id``, ``key``, ``intent_seq`` and ``deadline`` the
+    first time it sees the request; they travel with the snapshot.
+    """
+
+    __slots__ = ("name", "kind", "prompt", "timeout", "wait_id", "key", "intent_seq", "deadline")
+
+    def __init__(self, name: str, kind: str = "signal", prompt: str | None = None,
+                 timeout: float | None = None) -> None:
+        self.name = name
+        self.kind = kind
+        self.prompt = prompt
+        self.timeout = timeout
+        self.wait_id: str | None = None
+        self.key: str | None = None
+        self.intent_seq: int | None = None
+        self.deadline: float | None = None
+
+    def __await__(self) -> Any:
+        return (yield self)
+
+    def __getstate__(self) -> Any:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def __repr__(self) -> str:
+        return f"<wait {self.wait_id or self.name}>"
+
+
+class SleepRequest:
+    """``await tcc.sleep(seconds)``: a durable timer until ``until`` (epoch seconds)."""
+
+    __slots__ = ("until", "key", "intent_seq")
+
+    def __init__(self, until: float) -> None:
+        self.until = until
+        self.key: str | None = None
+        self.intent_seq: int | None = None
+
+    def __await__(self) -> Any:
+        return (yield self)
+
+    def __getstate__(self) -> Any:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
 class Effect:
     """A function whose calls are journaled and run once per call."""
 
@@ -147,6 +202,47 @@ def gather(*calls: Any) -> GatherRequest:
             f"tcc.gather(search('a'), search('b')); got {bad[0]!r}"
         )
     return GatherRequest(tuple(calls))
+
+
+def wait_for(name: str, timeout: float | None = None) -> WaitRequest:
+    """``value = await tcc.wait_for("name")``: suspend durably until a signal arrives.
+
+    Signals are sent with ``tcc signal RUN_ID NAME --value JSON``; a signal
+    sent before the run waits is kept until it does.  Each wait on a name
+    consumes the next signal of that name, exactly once.  With ``timeout``
+    (seconds from the first time the run reaches the wait), TimeoutError is
+    raised inside the agent once it has passed.
+    """
+    _check_name(name)
+    return WaitRequest(name, "signal", None, timeout)
+
+
+def approval(prompt: str, *, timeout: float | None = None) -> WaitRequest:
+    """``ok = await tcc.approval("Deploy?")``: True/False from ``tcc approve``/``tcc reject``."""
+    return WaitRequest("approval", "approval", prompt, timeout)
+
+
+def sleep(seconds: float) -> SleepRequest:
+    """``await tcc.sleep(seconds)``: a durable timer; long sleeps leave the run `sleeping`."""
+    import time
+
+    return SleepRequest(time.time() + max(0.0, float(seconds)))
+
+
+def sleep_until(when: Any) -> SleepRequest:
+    """``await tcc.sleep_until(datetime)`` (an aware datetime, or epoch seconds)."""
+    stamp = when.timestamp() if hasattr(when, "timestamp") else float(when)
+    return SleepRequest(stamp)
+
+
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:+=-")
+
+
+def _check_name(name: str) -> None:
+    if not (isinstance(name, str) and 0 < len(name) <= 100 and set(name) <= _NAME_CHARS):
+        raise ValueError(
+            f"invalid signal name {name!r}: use 1-100 characters from A-Z a-z 0-9 . _ : + = -"
+        )
 
 
 def checkpoint() -> CheckpointRequest:

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import os
 import threading
 import time
 import traceback
@@ -37,11 +38,33 @@ from typing import Any, Callable, Iterable
 from .. import errors
 from ..capture import dump_payload, load_payload, seal
 from ..effects import _context
-from ..effects._effect import CheckpointRequest, Effect, EffectRequest, GatherRequest, lookup
+from ..effects._effect import (
+    CheckpointRequest,
+    Effect,
+    EffectRequest,
+    GatherRequest,
+    SleepRequest,
+    WaitRequest,
+    lookup,
+)
 from ..store import Completion, JournalRecord, Store
 
 STATE_TAG = "tcc-run-state"
-Pending = tuple[str, Any]  # ("send", value) or ("throw", exception)
+STATE_VERSION = 2
+WAIT_EFFECT = "tcc:wait"
+SLEEP_EFFECT = "tcc:sleep"
+# ("send", value), ("throw", exception), or ("request", request): a wait or
+# sleep the run parked on, handled again when it resumes.
+Pending = tuple[str, Any]
+
+
+class _Parked(Exception):
+    """The run is waiting for a signal or sleeping: the process may exit."""
+
+    def __init__(self, status: str, info: dict[str, Any]) -> None:
+        super().__init__(status)
+        self.status = status
+        self.info = info
 
 
 @dataclasses.dataclass
@@ -78,6 +101,7 @@ class Outcome:
     effects: int = 0
     checkpoints: int = 0
     replayed: int = 0
+    parked: dict[str, Any] | None = None
 
 
 def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:
@@ -142,6 +166,8 @@ class Driver:
         checkpoint_every: int = 1,
         lease: float = 30.0,
         progress: Callable[[str, "Driver"], None] | None = None,
+        wait_seconds: float = 0.0,
+        sleep_inline: float | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be >= 1")
@@ -152,6 +178,11 @@ class Driver:
         self.checkpoint_every = checkpoint_every
         self.lease = lease
         self.progress = progress
+        self.wait_seconds = wait_seconds
+        if sleep_inline is None:
+            sleep_inline = float(os.environ.get("TCC_SLEEP_INLINE", "5"))
+        self.sleep_inline = sleep_inline
+        self.waits: dict[str, int] = {}
         self.effects = 0
         self.checkpoints = 0
         self.replayed = 0
@@ -171,9 +202,11 @@ class Driver:
         *,
         calls: int = 0,
         replay: Iterable[LoggedCall] = (),
+        waits: dict[str, int] | None = None,
     ) -> Outcome:
-        """Run ``coro`` to the end; record and return how it ended."""
+        """Run ``coro`` to the end (or until it parks); record and return how it ended."""
         self._calls = calls
+        self.waits = dict(waits or {})
         self._replay = deque(replay)
         replaying = bool(self._replay)
         heartbeat = threading.Thread(target=self._heartbeat, name="tcc-lease", daemon=True)
@@ -181,6 +214,12 @@ class Driver:
         self._loop = asyncio.new_event_loop()
         try:
             while True:
+                if pending[0] == "request":  # resumed at a wait or a sleep
+                    try:
+                        pending = self._handle(coro, pending[1])
+                    except _Parked as parked:
+                        return self._parked(parked)
+                    continue
                 try:
                     request = self._step(coro, pending)
                 except StopIteration as stop:
@@ -189,7 +228,10 @@ class Driver:
                     raise
                 except Exception as exc:  # the agent itself failed
                     return self._finish("failed", exc=_explain_agent_error(exc))
-                pending = self._handle(coro, request)
+                try:
+                    pending = self._handle(coro, request)
+                except _Parked as parked:
+                    return self._parked(parked)
                 if replaying and not self._replay:
                     replaying = False
                     self._caught_up(coro, pending)
@@ -220,6 +262,10 @@ class Driver:
             if self.snapshots and not self._replay:
                 self._snapshot(coro, pending, None)
             return pending
+        if isinstance(request, WaitRequest):
+            return self._wait(coro, request)
+        if isinstance(request, SleepRequest):
+            return self._sleep(coro, request)
         if request is None:  # a bare `yield` / asyncio.sleep(0): just continue
             return ("send", None)
         return (
@@ -411,6 +457,98 @@ class Driver:
             return Completion(seq, error=blob, duration=duration)
         return Completion(seq, result=blob, duration=duration)
 
+    # ---------------------------------------------------------- waits, timers
+
+    def _journaled_marker(self, name: str, args: Any) -> tuple[str, int | None, Pending | None, Any]:
+        """Allocate the call key of a wait/sleep and journal its intent.
+
+        Returns (key, intent_seq, recorded outcome or None, recorded args).
+        """
+        key = self._next_key()
+        if self._replay:
+            logged = self._take_logged(key, name)
+            if logged.outcome is not None:
+                self.replayed += 1
+                return key, logged.intent_seq, logged.outcome, load_payload(logged.args)
+            return key, logged.intent_seq, None, load_payload(logged.args)
+        seq = self.store.append_intent(self.run_id, self.epoch, name, dump_payload(args), idempotency_key=key)
+        return key, seq, None, args
+
+    def _wait(self, coro: Any, req: WaitRequest) -> Pending:
+        if req.key is None:
+            occurrence = self.waits.get(req.name, 0) + 1
+            wait_id = f"{req.name}@{occurrence}"
+            key, seq, outcome, recorded = self._journaled_marker(WAIT_EFFECT, wait_id)
+            self.waits[req.name] = occurrence
+            if outcome is not None:
+                return outcome
+            req.wait_id, req.key, req.intent_seq = recorded, key, seq
+            if req.timeout is not None:
+                req.deadline = time.time() + req.timeout
+            self.store.add_event(self.run_id, "wait", {"id": req.wait_id, "name": req.name,
+                                                        "kind": req.kind, "prompt": req.prompt})
+        assert req.wait_id is not None and req.intent_seq is not None
+        give_up = time.monotonic() + self.wait_seconds
+        while True:
+            raw = self.store.peek_signal(self.run_id, req.wait_id)
+            if raw is not None:
+                value = json.loads(raw) if raw else None
+                if req.kind == "approval":
+                    value = bool(isinstance(value, dict) and value.get("approved"))
+                outcome: Pending = ("send", value)
+                self._record_marker(coro, outcome, req.intent_seq, consume=req.wait_id)
+                self.store.add_event(self.run_id, "wait_satisfied", {"id": req.wait_id})
+                return outcome
+            if req.deadline is not None and time.time() >= req.deadline:
+                outcome = ("throw", TimeoutError(f"no signal {req.wait_id!r} within {req.timeout} s"))
+                self._record_marker(coro, outcome, req.intent_seq)
+                return outcome
+            if time.monotonic() >= give_up:
+                break
+            time.sleep(0.1)
+        info = {"id": req.wait_id, "name": req.name, "kind": req.kind, "prompt": req.prompt,
+                "deadline": req.deadline}
+        self._park(coro, req, "waiting", info)
+        raise AssertionError("unreachable")
+
+    def _sleep(self, coro: Any, req: SleepRequest) -> Pending:
+        if req.key is None:
+            key, seq, outcome, recorded = self._journaled_marker(SLEEP_EFFECT, req.until)
+            if outcome is not None:
+                return outcome
+            req.until, req.key, req.intent_seq = float(recorded), key, seq
+        assert req.intent_seq is not None
+        remaining = req.until - time.time()
+        if remaining > self.sleep_inline:
+            self._park(coro, req, "sleeping", {"until": req.until})
+        if remaining > 0:
+            time.sleep(remaining)
+        outcome: Pending = ("send", None)
+        self._record_marker(coro, outcome, req.intent_seq)
+        return outcome
+
+    def _record_marker(self, coro: Any, outcome: Pending, intent_seq: int, consume: str | None = None) -> None:
+        completion = self._completion(intent_seq, outcome, 0.0)
+        if self.snapshots:
+            self._snapshot(coro, outcome, completion, consume_signal=consume)
+        else:
+            self.store.append_completion(self.run_id, self.epoch, completion, consume_signal=consume)
+
+    def _park(self, coro: Any, req: Any, status: str, info: dict[str, Any]) -> None:
+        if self.snapshots:
+            self._snapshot(coro, ("request", req), None)
+        self.store.add_event(self.run_id, "parked", {"status": status, **info})
+        self.store.set_status(self.run_id, self.epoch, status)
+        raise _Parked(status, info)
+
+    def _parked(self, parked: _Parked) -> Outcome:
+        try:
+            self.store.renew_lease(self.run_id, self.epoch, 0.0)  # anyone may resume it now
+        except errors.TccError:
+            pass
+        return Outcome(self.run_id, parked.status, None, None, self.effects, self.checkpoints,
+                       self.replayed, parked.info)
+
     # ------------------------------------------------------------- snapshots
 
     def _completed(self, coro: Any, outcome: Pending, completion: Completion) -> None:
@@ -428,16 +566,19 @@ class Driver:
         if self.snapshots and self.replayed:
             self._snapshot(coro, pending, None)
 
-    def _snapshot(self, coro: Any, pending: Pending, completion: Completion | None) -> None:
+    def _snapshot(self, coro: Any, pending: Pending, completion: Completion | None,
+                  consume_signal: str | None = None) -> None:
         try:
-            payload = seal(dump_payload((STATE_TAG, 1, coro, pending, self._calls)), compress=False)
+            state = (STATE_TAG, STATE_VERSION, coro, pending, self._calls, self.waits)
+            payload = seal(dump_payload(state), compress=False)
         except errors.CaptureError as exc:
             if completion is not None:
                 self.store.append_completion(self.run_id, self.epoch, completion)
             message = f"checkpoint failed, the previous snapshot is kept: {exc}"
             self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(errors.CaptureError(message)))
             raise errors.RunFailedError(message) from exc
-        self.store.checkpoint(self.run_id, self.epoch, payload, completion=completion)
+        self.store.checkpoint(self.run_id, self.epoch, payload, completion=completion,
+                              consume_signal=consume_signal)
         self.checkpoints += 1
         self._since_snapshot = 0
         self._tick("checkpoint")

@@ -67,6 +67,7 @@ def start(
     lease: float = 30.0,
     progress: Progress | None = None,
     on_created: Callable[[RunInfo], None] | None = None,
+    wait_seconds: float = 0.0,
 ) -> Outcome:
     """Create a run of ``script`` (``path[:func]``) and drive it to the end.
 
@@ -88,7 +89,7 @@ def start(
     coro = _make_coroutine(func, args, entry)
     driver = Driver(
         store, run.run_id, run.epoch, snapshots=strategy != "replay",
-        checkpoint_every=checkpoint_every, lease=lease, progress=progress,
+        checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
     )
     return driver.drive(coro)
 
@@ -102,6 +103,7 @@ def resume(
     lease: float = 30.0,
     steal: bool = False,
     progress: Progress | None = None,
+    wait_seconds: float = 0.0,
 ) -> Outcome:
     """Continue an unfinished run with its strategy (or ``strategy``).
 
@@ -131,18 +133,19 @@ def resume(
                 f"(to re-execute from the start against the journal instead: "
                 f"tcc resume --strategy replay {run_id})"
             ) from exc
-        if not (isinstance(state, tuple) and len(state) == 5 and state[0] == STATE_TAG):
+        if not (isinstance(state, tuple) and len(state) in (5, 6) and state[0] == STATE_TAG):
             raise errors.CorruptSnapshotError(f"run {run_id}: snapshot {info.number} is not a run state")
-        _tag, _version, coro, pending, calls = state
+        _tag, _version, coro, pending, calls, *rest = state
+        waits = rest[0] if rest else {}
         start_seq = info.journal_len
         store.add_event(run_id, "resumed", {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()})
     else:
         coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry)
-        pending, calls, start_seq = ("send", None), 0, 0
+        pending, calls, start_seq, waits = ("send", None), 0, 0, {}
         store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
     replay = logged_calls(store.journal(run_id, start_seq))
     driver = Driver(
         store, run_id, run.epoch, snapshots=strategy != "replay",
-        checkpoint_every=checkpoint_every, lease=lease, progress=progress,
+        checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
     )
-    return driver.drive(coro, pending, calls=calls, replay=replay)
+    return driver.drive(coro, pending, calls=calls, replay=replay, waits=waits)

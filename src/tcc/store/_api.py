@@ -214,8 +214,10 @@ class Store(Protocol):
         """Journal that an effect is about to run; return its sequence number."""
         ...
 
-    def append_completion(self, run_id: str, epoch: int, completion: Completion) -> int:
-        """Journal an effect's outcome without a snapshot."""
+    def append_completion(
+        self, run_id: str, epoch: int, completion: Completion, *, consume_signal: str | None = None
+    ) -> int:
+        """Journal an effect's outcome without a snapshot (consuming a signal atomically)."""
         ...
 
     def journal(self, run_id: str, start: int = 0) -> list[JournalRecord]:
@@ -230,8 +232,10 @@ class Store(Protocol):
         payload: bytes,
         *,
         completion: Completion | None = None,
+        consume_signal: str | None = None,
     ) -> SnapshotInfo:
-        """Atomically journal ``completion`` (if any) and store a snapshot."""
+        """Atomically journal ``completion`` (if any), consume ``consume_signal``
+        (if given; FencedError if it is no longer pending) and store a snapshot."""
         ...
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
@@ -257,6 +261,14 @@ class Store(Protocol):
 
     def pending_signals(self, run_id: str) -> list[str]:
         """Names of signals delivered but not yet consumed."""
+        ...
+
+    def peek_signal(self, run_id: str, name: str) -> bytes | None:
+        """The value of a pending signal, without consuming it."""
+        ...
+
+    def signal_state(self, run_id: str, name: str) -> str | None:
+        """"pending", "consumed" or None (never delivered)."""
         ...
 
     def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None) -> None:

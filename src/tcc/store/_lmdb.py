@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import FencedError, StoreCorruptError, StoreError
 from ._api import RUN_STATUSES, Completion, JournalRecord, RunInfo, SnapshotInfo
 from ._chunks import SplitMemo, build_manifest, encode_chunk, encode_node, pack_entries, split
-from ._codec import Corrupt, prefix, seq_key
+from ._codec import Corrupt, check_name, prefix, seq_key
 from ._core import HOST, last_seq
 from ._maint import Maintenance
 from ._refs import iter_prefix, next_chunk_id, snap_rows
@@ -194,17 +194,31 @@ class LmdbStore(Maintenance):
 
         return self._write(op)
 
-    def append_completion(self, run_id: str, epoch: int, completion: Completion) -> int:
-        """Journal an effect's outcome without a snapshot; returns its sequence number."""
+    def append_completion(self, run_id: str, epoch: int, completion: Completion, *,
+                          consume_signal: str | None = None) -> int:
+        """Journal an effect's outcome without a snapshot; returns its sequence number.
+
+        ``consume_signal`` is consumed in the same transaction, as in
+        :meth:`checkpoint`.
+        """
         rid = self._rid(run_id)
 
         def op(txn: Any) -> int:
             self._fence(txn, rid, epoch)
+            if consume_signal is not None:
+                self._consume_or_fence(txn, run_id, rid, consume_signal, epoch)
             seq = last_seq(txn, self._dbs["journal"], prefix(self._t, rid)) + 1
             self._completion(txn, rid, seq, completion, time.time())
             return seq
 
         return self._write(op)
+
+    def _consume_or_fence(self, txn: Any, run_id: str, rid: bytes, name: str, epoch: int) -> None:
+        skey = prefix(self._t, rid) + check_name("signal name", name)
+        if self._consume_signal(txn, run_id, skey, name, epoch) is None:
+            raise FencedError(
+                f"signal {name!r} of run {run_id!r} in store {self.path} is no longer pending "
+                "(another process consumed it)")
 
     def journal(self, run_id: str, start: int = 0) -> list[JournalRecord]:
         """The run's journal records with ``seq >= start``, in order (all verified)."""
@@ -239,8 +253,14 @@ class LmdbStore(Maintenance):
         payload: bytes,
         *,
         completion: Completion | None = None,
+        consume_signal: str | None = None,
     ) -> SnapshotInfo:
         """Journal ``completion`` (if given) and store ``payload`` as the next snapshot.
+
+        ``consume_signal`` names a pending signal to consume in the same
+        transaction (the snapshot already holds its value, read with
+        :meth:`peek_signal`); if it is no longer pending, FencedError is raised
+        and nothing is written.
 
         Both land in ONE write transaction that first checks ``epoch``
         (FencedError, nothing written, if stale).  Pass the *uncompressed*
@@ -280,6 +300,8 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> SnapshotInfo:
             self._fence(txn, rid, epoch)
+            if consume_signal is not None:
+                self._consume_or_fence(txn, run_id, rid, consume_signal, epoch)
             jlen = last_seq(txn, dbs["journal"], pfx) + 1
             if completion is not None:
                 self._completion(txn, rid, jlen, completion, now)

@@ -52,6 +52,34 @@ class Maintenance(StoreCore):
 
         def op(txn: Any) -> bytes | None:
             self._fence(txn, rid, epoch)
+            return self._consume_signal(txn, run_id, key, name, epoch)
+
+        return self._write(op)
+
+    def _consume_signal(self, txn: Any, run_id: str, key: bytes, name: str, epoch: int) -> bytes | None:
+        """Inside a write txn: tombstone a pending signal and return its value."""
+        raw = txn.get(key, db=self._dbs["signals"])
+        if raw is None:
+            return None
+        try:
+            hdr, blobs = self._sealer.open(b"signals", key, raw)
+        except Corrupt as exc:
+            raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
+        if hdr["s"] != "pending":
+            return None
+        tomb = self._sealer.seal(b"signals", key, {"s": "consumed", "t": hdr["t"],
+                                                   "c": time.time(), "e": epoch})
+        txn.put(key, tomb, db=self._dbs["signals"])
+        value: bytes = blobs["v"]
+        return value
+
+    def peek_signal(self, run_id: str, name: str) -> bytes | None:
+        """The value of a pending signal, without consuming it (None if not pending)."""
+        rid = self._rid(run_id)
+        key = prefix(self._t, rid) + check_name("signal name", name)
+
+        def op(txn: Any) -> bytes | None:
+            self._load_run(txn, rid)
             raw = txn.get(key, db=self._dbs["signals"])
             if raw is None:
                 return None
@@ -61,12 +89,29 @@ class Maintenance(StoreCore):
                 raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
             if hdr["s"] != "pending":
                 return None
-            tomb = self._sealer.seal(b"signals", key, {"s": "consumed", "t": hdr["t"],
-                                                       "c": time.time(), "e": epoch})
-            txn.put(key, tomb, db=self._dbs["signals"])
-            return blobs["v"]
+            value: bytes = blobs["v"]
+            return value
 
-        return self._write(op)
+        return self._read(op)
+
+    def signal_state(self, run_id: str, name: str) -> str | None:
+        """``"pending"``, ``"consumed"`` or None (never delivered)."""
+        rid = self._rid(run_id)
+        key = prefix(self._t, rid) + check_name("signal name", name)
+
+        def op(txn: Any) -> str | None:
+            self._load_run(txn, rid)
+            raw = txn.get(key, db=self._dbs["signals"])
+            if raw is None:
+                return None
+            try:
+                hdr, _ = self._sealer.open(b"signals", key, raw)
+            except Corrupt as exc:
+                raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
+            state: str = hdr["s"]
+            return state
+
+        return self._read(op)
 
     def pending_signals(self, run_id: str) -> list[str]:
         """Names of signals delivered to the run and not consumed yet."""

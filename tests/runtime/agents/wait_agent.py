@@ -1,0 +1,42 @@
+"""Agents that wait for signals, approvals and timers (FUNC selects one)."""
+
+import os
+
+import tcc
+
+LEDGER = os.environ.get("LEDGER")
+
+
+@tcc.effect
+def act(what):
+    if LEDGER:
+        with open(LEDGER, "a") as fh:
+            fh.write(f"{tcc.current().idempotency_key} {what}\n")
+    return f"did {what}"
+
+
+async def gated():
+    before = await act("prepare")
+    ok = await tcc.approval("Deploy to prod?")
+    after = await act("deploy" if ok else "rollback")
+    return [before, ok, after]
+
+
+async def two_signals():
+    first = await tcc.wait_for("alpha")
+    second = await tcc.wait_for("beta")
+    again = await tcc.wait_for("alpha")
+    return [first, second, again, await act("done")]
+
+
+async def timed_out():
+    try:
+        return await tcc.wait_for("never", timeout=0.3)
+    except TimeoutError as exc:
+        return f"timed out: {exc}"
+
+
+async def sleeper(seconds="1.0"):
+    await act("before")
+    await tcc.sleep(float(seconds))
+    return await act("after")

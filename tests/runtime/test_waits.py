@@ -1,0 +1,113 @@
+"""Approvals, signals and durable timers: runs park, processes exit, resumes continue."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from helpers import AGENTS, Cli
+
+WAIT = str(AGENTS / "wait_agent.py")
+
+
+def start(cli: Cli, run_id: str, func: str, *args: str) -> dict:
+    proc = cli.run("run", "--json", "--run-id", run_id, f"{WAIT}:{func}", *args, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_approval_delivered_after_the_process_exited(tmp_path):
+    """A run parks on tcc.approval, its process exits, and `tcc approve` + `tcc resume` finish it."""
+    cli = Cli(tmp_path)
+    parked = start(cli, "g1", "gated")
+    assert parked["status"] == "waiting"
+    assert parked["parked"]["prompt"] == "Deploy to prod?"
+    shown = cli.show("g1")
+    assert shown["status"] == "waiting"
+    assert [(w["kind"], w["prompt"], w["signal"]) for w in shown["waits"]] == [
+        ("approval", "Deploy to prod?", "not sent")]
+    cli.run("approve", "g1", "--comment", "lgtm", check=True)
+    done = json.loads(cli.run("resume", "--json", "g1", check=True).stdout)
+    assert done["status"] == "completed"
+    assert done["result"] == ["did prepare", True, "did deploy"]
+    assert cli.show("g1")["waits"] == []
+
+
+def test_reject_takes_the_other_branch_and_a_second_answer_is_refused(tmp_path):
+    """`tcc reject` makes tcc.approval return False; answering twice is refused."""
+    cli = Cli(tmp_path)
+    start(cli, "g2", "gated")
+    cli.run("reject", "g2", check=True)
+    again = cli.run("approve", "g2")
+    assert again.returncode == 2 and "already answered" in again.stderr
+    done = json.loads(cli.run("resume", "--json", "g2", check=True).stdout)
+    assert done["result"] == ["did prepare", False, "did rollback"]
+    assert cli.run("approve", "g2").returncode == 2
+
+
+def test_signals_sent_early_are_kept_and_each_wait_gets_its_own(tmp_path):
+    """Signals sent before the run waits are kept, and each wait consumes the matching one only."""
+    cli = Cli(tmp_path)
+    start(cli, "s1", "two_signals")
+    cli.run("signal", "s1", "beta", "--value", '{"b": 2}', check=True)
+    cli.run("signal", "s1", "alpha", "--value", '"a1"', check=True)
+    cli.run("signal", "s1", "alpha", "--value", '"a2"', check=True)
+    done = json.loads(cli.run("resume", "--json", "s1", check=True).stdout)
+    assert done["result"] == ["a1", {"b": 2}, "a2", "did done"]
+
+
+def test_signal_is_consumed_once_when_two_resumers_race(tmp_path):
+    """Two concurrent `tcc resume` of one waiting run consume its signal once and act once."""
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger))
+    start(cli, "race", "gated")
+    cli.run("approve", "race", check=True)
+    procs = [cli.popen("resume", "--json", "race") for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes[0] == 0, outs
+    assert cli.show("race")["status"] == "completed"
+    deploys = [line for line in ledger.read_text().splitlines() if line.endswith("deploy")]
+    assert len(deploys) == 1, ledger.read_text()
+    # the loser either found the run owned, or found it completed
+    loser = [o for p, o in zip(procs, outs) if p.returncode != 0]
+    assert all("owned by" in err or "already completed" in err or "no longer pending" in err
+               for _out, err in loser), loser
+
+
+def test_wait_timeout_raises_inside_the_agent(tmp_path):
+    """A wait with a timeout raises TimeoutError in the agent once it has passed."""
+    cli = Cli(tmp_path)
+    assert start(cli, "t1", "timed_out")["status"] == "waiting"
+    time.sleep(0.4)
+    done = json.loads(cli.run("resume", "--json", "t1", check=True).stdout)
+    assert done["status"] == "completed"
+    assert done["result"].startswith("timed out: no signal 'never@1'")
+
+
+def test_long_sleep_parks_and_short_sleep_runs_inline(tmp_path):
+    """A sleep beyond the inline threshold leaves the run sleeping until it is due."""
+    cli = Cli(tmp_path, TCC_SLEEP_INLINE="0.2")
+    parked = start(cli, "z1", "sleeper", "1.5")
+    assert parked["status"] == "sleeping"
+    assert cli.show("z1")["status"] == "sleeping"
+    early = json.loads(cli.run("resume", "--json", "z1", check=True).stdout)
+    assert early["status"] == "sleeping"  # not due yet: parks again
+    time.sleep(1.6)
+    done = json.loads(cli.run("resume", "--json", "z1", check=True).stdout)
+    assert done["status"] == "completed" and done["result"] == "did after"
+    inline = start(Cli(tmp_path / "inline"), "z2", "sleeper", "0.1")
+    assert inline["status"] == "completed"
+
+
+def test_run_with_wait_option_picks_up_a_signal_in_process(tmp_path):
+    """With --wait, a run polls for its signal in-process instead of parking."""
+    cli = Cli(tmp_path)
+    proc = cli.popen("run", "--json", "--wait", "30", "--run-id", "w1", f"{WAIT}:gated")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if cli.run("approve", "w1").returncode == 0:
+            break
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["result"] == ["did prepare", True, "did deploy"]
