@@ -155,3 +155,18 @@ def test_child_process_sees_no_warnings(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert programs.drive(task, first=pending)[1] == proc.stdout.strip()
+
+
+class KeywordOnlyError(Exception):
+    def __init__(self, *, code: int) -> None:
+        super().__init__(f"code {code}")
+        self.code = code
+
+
+def test_exception_with_keyword_only_init_round_trips():
+    """An exception whose __init__ takes only keyword arguments is rebuilt without calling it."""
+    err = KeywordOnlyError(code=7)
+    back = tcc.loads(tcc.dumps(err))
+    assert type(back) is KeywordOnlyError and back.code == 7 and str(back) == "code 7"
+    oserr = tcc.loads(tcc.dumps(FileNotFoundError(2, "missing", "/x")))
+    assert type(oserr) is FileNotFoundError and oserr.errno == 2 and oserr.filename == "/x"

@@ -101,8 +101,13 @@ def _discard_fresh(keep: list[tuple[Any, tuple[Any, ...]]]) -> None:
             gen.close()
 
 
-def load_payload(payload: bytes) -> Any:
-    """Unpickle a payload made by :func:`dump_payload` and resume its frames."""
+def load_payload(payload: bytes, *, edit: Any = None) -> Any:
+    """Unpickle a payload made by :func:`dump_payload` and resume its frames.
+
+    ``edit(obj, records)``, if given, may change the frame records (a list of
+    ``(generator, record)`` pairs) before they are validated and written;
+    ``tcc fork --set`` uses it to change a local of a suspended frame.
+    """
     saved = (_records.LOAD.pending, _records.LOAD.fresh)
     _records.LOAD.pending, _records.LOAD.fresh = [], []
     try:
@@ -118,6 +123,8 @@ def load_payload(payload: bytes) -> Any:
             raise errors.CorruptSnapshotError(
                 f"snapshot does not unpickle: {type(exc).__name__}: {exc}"
             ) from exc
+        if edit is not None:
+            edit(obj, _records.LOAD.pending)
         _write_frames(_records.LOAD.pending)
     except BaseException:
         _discard_fresh([])

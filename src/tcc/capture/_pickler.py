@@ -173,6 +173,11 @@ def _reduce_exception(pickler: Pickler, exc: BaseException) -> Any:
         return NotImplemented
     own = rv[2] if len(rv) > 2 else None
     chain = (own, exc.__cause__, exc.__context__, exc.__suppress_context__)
+    if rv[0] is type(exc):
+        # Rebuild without calling __init__: exception classes whose __init__
+        # takes keyword-only arguments (openai's errors, for one) cannot be
+        # called again with just their args.
+        return (_records.make_exception, (rv[0], rv[1]), chain, None, None, _records.fill_exception)
     return (rv[0], rv[1], chain, None, None, _records.fill_exception)
 
 

@@ -127,6 +127,13 @@ def fill_cell(cell: types.CellType, state: tuple[Any]) -> None:
 # -------------------------------------------------------------- exceptions
 
 
+def make_exception(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception instance made without running its ``__init__``."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    return exc
+
+
 def fill_exception(exc: BaseException, state: tuple[Any, Any, Any, bool]) -> None:
     """Apply an exception's own state, then its chaining attributes."""
     own, cause, context, suppress = state

@@ -80,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
         answer.add_argument("--comment", default=None, help="recorded with the answer")
         answer.set_defaults(handler=_cmd_answer, approved=approved)
 
+    fork = sub.add_parser("fork", help="create a new run from a snapshot of RUN_ID (not started)")
+    _common(fork)
+    fork.add_argument("run_id", metavar="RUN_ID")
+    fork.add_argument("--at", type=int, default=None, metavar="N", help="snapshot number (default: newest)")
+    fork.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
+                      help="change a local of the innermost agent frame before the fork resumes")
+    fork.add_argument("--run-id", dest="new_run_id", help="id for the new run")
+    fork.set_defaults(handler=_cmd_fork)
+
     ls = sub.add_parser("ls", help="list runs")
     _common(ls)
     ls.add_argument("--status", help="only runs with this status")
@@ -195,6 +204,29 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fork(args: argparse.Namespace) -> int:
+    import json
+
+    from .. import runtime
+
+    sets = {}
+    for item in args.set:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"--set takes NAME=JSON, not {item!r}")
+        try:
+            sets[name] = json.loads(raw)
+        except ValueError as exc:
+            raise UsageError(f"--set {name}: the value must be JSON ({exc})") from None
+    with _open(args, create=False) as store:
+        child = runtime.fork(store, args.run_id, at=args.at, sets=sets, new_run_id=args.new_run_id)
+    if args.json:
+        print(json.dumps({"id": child.run_id, "parent": args.run_id}))
+    else:
+        print(child.run_id)
+    return 0
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
     with _open(args, create=False) as store:
         runs = store.list_runs(args.status)
@@ -270,6 +302,12 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         print(f"tcc: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `tcc show RUN | head`: the reader left; not an error
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     except KeyboardInterrupt:
         print("tcc: interrupted; the run can be resumed with `tcc resume`", file=sys.stderr)
         return 130

@@ -562,9 +562,10 @@ class Driver:
 
     def _caught_up(self, coro: Any, pending: Pending) -> None:
         """Replay served the whole journal tail: snapshot so it is not served again."""
-        self.store.add_event(self.run_id, "replayed", {"calls": self.replayed})
-        if self.snapshots and self.replayed:
-            self._snapshot(coro, pending, None)
+        if self.replayed:
+            self.store.add_event(self.run_id, "replayed", {"calls": self.replayed})
+            if self.snapshots:
+                self._snapshot(coro, pending, None)
 
     def _snapshot(self, coro: Any, pending: Pending, completion: Completion | None,
                   consume_signal: str | None = None) -> None:

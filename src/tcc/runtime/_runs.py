@@ -119,8 +119,6 @@ def resume(
     strategy, _notice = effective_strategy(strategy or run.strategy)
     func = _scripts.resolve(run.entry)
     run = store.claim_run(run_id, lease=lease, steal=steal)
-    if run.status != "running":
-        run = store.set_status(run_id, run.epoch, "running")
 
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     if snapshot is not None:
@@ -144,6 +142,8 @@ def resume(
         pending, calls, start_seq, waits = ("send", None), 0, 0, {}
         store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
     replay = logged_calls(store.journal(run_id, start_seq))
+    if run.status != "running":  # only once the state loaded: a refusal changes nothing
+        run = store.set_status(run_id, run.epoch, "running")
     driver = Driver(
         store, run_id, run.epoch, snapshots=strategy != "replay",
         checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,

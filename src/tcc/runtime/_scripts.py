@@ -9,7 +9,6 @@ process.  The module name is derived from the script's absolute path.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -21,10 +20,12 @@ from .. import errors
 
 
 def module_name(path: str) -> str:
-    path = os.path.abspath(path)
+    """``__tcc_script_<stem>``: stable when the checkout moves or is re-cloned.
+
+    The code fingerprint, not the path, decides whether a snapshot still fits.
+    """
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    digest = hashlib.blake2b(path.encode(), digest_size=4).hexdigest()
-    return f"__tcc_script_{stem}_{digest}"
+    return f"__tcc_script_{stem}"
 
 
 def split_entry(entry: str) -> tuple[str, str]:
@@ -41,6 +42,11 @@ def load_script(path: str) -> types.ModuleType:
     name = module_name(path)
     module = sys.modules.get(name)
     if module is not None:
+        if os.path.abspath(getattr(module, "__file__", "") or "") != path:
+            raise errors.UsageError(
+                f"cannot load {path}: another script with the same name ({module.__file__}) "
+                "is already loaded in this process"
+            )
         return module
     if not os.path.isfile(path):
         raise errors.UsageError(f"script {path} does not exist")

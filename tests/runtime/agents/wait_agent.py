@@ -40,3 +40,10 @@ async def sleeper(seconds="1.0"):
     await act("before")
     await tcc.sleep(float(seconds))
     return await act("after")
+
+
+async def forkable():
+    answer = await act("question")
+    await tcc.checkpoint()
+    extra = await act(f"follow-up to {answer}")
+    return [answer, extra]

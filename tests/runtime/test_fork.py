@@ -1,0 +1,47 @@
+"""`tcc fork`: a new run from a snapshot, optionally with a changed local."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import AGENTS, Cli
+
+WAIT = str(AGENTS / "wait_agent.py")
+
+
+def test_fork_with_set_changes_the_result_and_leaves_the_parent_alone(tmp_path):
+    """A fork with --set gives a different result; the parent's result and journal are unchanged."""
+    cli = Cli(tmp_path)
+    parent = json.loads(cli.run("run", "--json", "--run-id", "p", f"{WAIT}:forkable", check=True).stdout)
+    assert parent["result"] == ["did question", "did follow-up to did question"]
+    snaps = cli.show("p")["snapshots"]
+    second = snaps[1]["number"]  # taken at `await tcc.checkpoint()`, after the first effect
+    forked = json.loads(cli.run("fork", "--json", "p", "--at", str(second), "--set", 'answer="forked"',
+                                "--run-id", "f", check=True).stdout)
+    assert forked == {"id": "f", "parent": "p"}
+    assert cli.show("f")["status"] != "completed"
+    done = json.loads(cli.run("resume", "--json", "f", check=True).stdout)
+    assert done["result"] == ["forked", "did follow-up to forked"]
+    after = cli.show("p")
+    assert after["status"] == "completed" and after["result"] == parent["result"]
+    assert any(e["kind"] == "fork" for e in after["events"])
+
+
+def test_fork_without_set_replays_nothing_and_matches(tmp_path):
+    """A plain fork of the newest snapshot resumes to the parent's result."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "p2", f"{WAIT}:gated", check=True)  # parks at the approval
+    child = cli.run("fork", "p2", check=True).stdout.strip()
+    cli.run("approve", child, check=True)
+    done = json.loads(cli.run("resume", "--json", child, check=True).stdout)
+    assert done["result"] == ["did prepare", True, "did deploy"]
+    assert cli.show("p2")["status"] == "waiting"
+
+
+def test_fork_set_unknown_local_is_a_usage_error(tmp_path):
+    """--set of a name the frame does not have is refused and lists the locals."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "p3", f"{WAIT}:gated", check=True)
+    proc = cli.run("fork", "p3", "--set", "nope=1")
+    assert proc.returncode == 2 and "has no local 'nope'" in proc.stderr and "before" in proc.stderr
+    assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["p3"]
