@@ -1,8 +1,8 @@
 """The N-step benchmark agent, shared by every strategy (and mirrored by the peers).
 
 Step ``i`` calls the effect ``bench:step`` which returns ``f"out-{i}"``.
-Between steps the agent may burn ``work_ms`` of CPU (prompt building,
-parsing) and keeps either a constant small state or a transcript that grows
+Between steps the agent may do ``work_iters`` rounds of SHA-256 (prompt
+building, parsing; calibrated by the harness to ~0.5 ms) and keeps either a constant small state or a transcript that grows
 by ~1 KiB per step.  The result is ``{"n": n, "digest": sha256("|".join(outputs)).hexdigest()[:16]}``.
 
 Environment hooks (used by the harness):
@@ -32,14 +32,11 @@ class FirstEffect(BaseException):
 IN_PROCESS_HOOK: list[Any] = []  # [callable] while the harness measures in-process
 
 
-def burn(work_ms: float) -> None:
-    """Spend about ``work_ms`` of CPU like prompt building or parsing would."""
-    if work_ms <= 0:
-        return
-    deadline = time.perf_counter() + work_ms / 1000
-    data = b"prompt"
-    while time.perf_counter() < deadline:
-        data = hashlib.sha256(data).digest()
+def busy_work(iters: int) -> None:
+    """CPU work between effects (prompt building, parsing): the peers' exact loop."""
+    h = b"tcc-benchmark-work"
+    for _ in range(iters):
+        h = hashlib.sha256(h).digest()
 
 
 @tcc.effect(name="bench:step")
@@ -60,14 +57,14 @@ def digest(outputs: list[str]) -> str:
     return hashlib.sha256("|".join(outputs).encode()).hexdigest()[:16]
 
 
-async def main(n: str = "10", regime: str = "const", work_ms: str = "0") -> dict[str, Any]:
-    steps, work = int(n), float(work_ms)
+async def main(n: str = "10", regime: str = "const", work_iters: str = "0") -> dict[str, Any]:
+    steps, work = int(n), int(work_iters)
     outputs: list[str] = []
     transcript: list[str] = []
     state_bytes = int(regime.split(":")[1]) if regime.startswith("size:") else 0
     blob = [f"{j:08d}" * 16 for j in range(state_bytes // 128)]  # constant state of that size
     for i in range(steps):
-        burn(work)
+        busy_work(work)
         out = await step(i)
         outputs.append(out)
         if regime == "grow":

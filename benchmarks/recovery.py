@@ -59,8 +59,19 @@ STRATEGIES = {"continuation": ("continuation", ()), "hybrid": ("hybrid", ("--sna
               "replay": ("replay", ())}
 
 
+WORK_ITERS: list[int] = []  # calibrated once per session, shared with the peers
+
+
+def work_iters() -> int:
+    if not WORK_ITERS:
+        from benchmarks.peers._agent import calibrate_work
+
+        WORK_ITERS.append(calibrate_work(WORK_MS))
+    return WORK_ITERS[0]
+
+
 def regime_args(regime: str) -> tuple[str, str]:
-    return ("const", str(WORK_MS)) if regime == "work" else (regime, "0")
+    return ("const", str(work_iters())) if regime == "work" else (regime, "0")
 
 
 def tcc_cmd(*args: str) -> list[str]:
@@ -246,7 +257,9 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
                       "recovery_s": rec})
         shutil.rmtree(built["store"], ignore_errors=True)
     step_s = min(r["build_step_s"] for r in sweep)
-    checkpoint_s = max(0.0, sweep[0]["build_step_s"] - sweep[-1]["build_step_s"])
+    # C: the measured checkpoint overhead per snapshot for a small state (the
+    # sweep's own step times are too noisy at small N to difference).
+    checkpoint_s = max(0.0, overhead_rows[0]["checkpoint_overhead_s"]) if overhead_rows else 0.0
     k_opt = (2 * checkpoint_s * mtbf_s) ** 0.5 / step_s if step_s else float("nan")
     for r in sweep:
         # expected overhead per second of work: checkpoint share + recovery per failure
@@ -281,7 +294,8 @@ def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[st
             for regime, work_ms in (("const", 0.0), ("const", WORK_MS)):
                 folder = work / f"{modname}-{n}-{work_ms}"
                 folder.mkdir(parents=True, exist_ok=True)
-                row = mod.measure(n, regime=regime, work_ms=work_ms, repeats=profile["repeats"], workdir=folder)
+                row = mod.measure(n, regime=regime, work_ms=work_ms, repeats=profile["repeats"],
+                                  workdir=folder, work_iters=work_iters() if work_ms else 0)
                 row["regime_label"] = "work" if work_ms else "const"
                 rows.append(row)
                 log(f"peer {row['peer']:10} N={n:<6} {row['regime_label']:5} in-process "
@@ -315,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         raw: dict[str, Any] = {
             "profile": profile_name, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "started": started, "work_ms": WORK_MS, "hybrid_k": HYBRID_K,
+            "work_iters": work_iters(),
         }
         raw["recovery"] = recovery_suite(profile, work, log)
         raw["checkpoint"] = checkpoint_overhead(profile, work, log)

@@ -1,0 +1,90 @@
+"""LangGraph peer: the benchmark agent as a one-node ``StateGraph`` looping on itself (one
+superstep per agent step), ``SqliteSaver`` checkpointer, ``durability="sync"``, SIGKILLed at
+the start of step n-1 and resumed by ``graph.invoke(None, config)``.
+
+All LangGraph work happens in child processes (``_child_langgraph.py``); importing this
+module does not import ``langgraph``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import pathlib
+from typing import Any
+
+from . import _harness
+
+PEER = "langgraph"
+_CHILD = pathlib.Path(__file__).with_name("_child_langgraph.py")
+
+NOTES = (
+    "LangGraph {version} (langgraph-checkpoint {ckpt}, langgraph-checkpoint-sqlite {sqlite_saver}),"
+    " SqliteSaver on sqlite3 (WAL, Python's default synchronous=FULL), one node 'step' looping"
+    " through a conditional edge, invoked with durability={durability!r}: the checkpoint of"
+    " step i is committed before step i+1 starts. The default durability='async' was reported"
+    " (DESIGN.md s.5) to lose every completed step on SIGKILL with fast steps, restarting at"
+    " step 0, so it is not what is measured. State: {{i, ok, last}} (const) plus"
+    " transcript: Annotated[list[str], operator.add] (grow, +1 KiB per step); LangGraph writes"
+    " the whole channel value at every checkpoint, so grow storage is ~O(n^2)."
+    " Recovery = fresh process, sqlite3.connect + SqliteSaver + compile (open_s), then"
+    " invoke(None, config) loads the latest checkpoint (invoke_to_step_s) and re-runs the"
+    " node in flight; nothing is replayed."
+)
+
+
+def available() -> bool:
+    """True when ``langgraph`` and ``langgraph-checkpoint-sqlite`` are installed here."""
+    return (
+        importlib.util.find_spec("langgraph") is not None
+        and importlib.util.find_spec("langgraph.checkpoint.sqlite") is not None
+    )
+
+
+def version() -> str:
+    return importlib.metadata.version("langgraph")
+
+
+def _breakdown(rec: dict[str, Any]) -> dict[str, float]:
+    return {
+        "open_s": rec["t_opened"] - rec["t0"],
+        "invoke_to_step_s": rec["t_new_step"] - rec["t_invoke"],
+    }
+
+
+def measure(
+    n: int,
+    *,
+    regime: str = "const",
+    work_ms: float = 0.0,
+    repeats: int = 3,
+    workdir: pathlib.Path,
+    work_iters: int | None = None,
+    durability: str = "sync",
+) -> dict[str, Any]:
+    """Crash the LangGraph agent after n-1 steps ``repeats`` times and measure its recovery.
+
+    ``work_iters`` overrides the calibration of ``work_ms``; ``durability`` is for
+    experiments only (with "async" the crash may lose steps and the numbers mean something
+    else). Returns the dict described in ``benchmarks/peers/__init__.py``.
+    """
+    notes = NOTES.format(
+        version=version(),
+        ckpt=importlib.metadata.version("langgraph-checkpoint"),
+        sqlite_saver=importlib.metadata.version("langgraph-checkpoint-sqlite"),
+        durability=durability,
+    )
+    return _harness.run_peer(
+        peer=PEER,
+        version=version(),
+        script=_CHILD,
+        n=n,
+        regime=regime,
+        work_ms=work_ms,
+        work_iters=work_iters,
+        repeats=repeats,
+        workdir=workdir,
+        breakdown=_breakdown,
+        extra_args={"durability": durability},
+        notes=notes,
+    )

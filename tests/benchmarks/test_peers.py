@@ -1,0 +1,91 @@
+"""Smoke tests of the real-peer recovery benchmarks (benchmarks/peers): numbers and final results."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+import pathlib
+import sys
+
+import pytest
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+peers = importlib.import_module("benchmarks.peers")
+
+CASES = [("const", 0.0), ("grow", 0.2)]
+
+
+def independent_result(n: int) -> dict[str, object]:
+    """The contract's final result, computed here without the benchmark's helpers."""
+    joined = "|".join(f"out-{i}" for i in range(n))
+    return {"n": n, "digest": hashlib.sha256(joined.encode()).hexdigest()[:16]}
+
+
+def check_numbers(res: dict, *, peer: str, n: int, regime: str, work_ms: float) -> None:
+    """Assert that one measure() result is complete, finite and consistent."""
+    assert res["peer"] == peer and res["n"] == n
+    assert res["regime"] == regime and res["work_ms"] == work_ms
+    assert isinstance(res["version"], str) and res["version"]
+    assert len(res["whole_process_s"]) == len(res["in_process_s"]) == res["repeats"]
+    for whole, inproc in zip(res["whole_process_s"], res["in_process_s"]):
+        assert 0 < inproc < whole < 600
+    assert math.isfinite(res["per_step_overhead_s"])
+    assert res["storage_bytes"] > 0 and res["storage_bytes_at_crash"] > 0
+    assert res["final_result"] == independent_result(n)
+    assert res["effect_executions"] == n and res["duplicate_effects"] == 0
+    assert isinstance(res["notes"], str) and res["notes"]
+
+
+@pytest.mark.parametrize("regime", ["const", "grow"])
+def test_agent_contract_final_result(regime: str) -> None:
+    """The reference agent loop returns the independently computed final result."""
+    agent = importlib.import_module("benchmarks.peers._agent")
+    state = agent.initial_state(regime)
+    for i in range(12):
+        agent.busy_work(3)
+        agent.advance(state, i, agent.fake_llm(i))
+    assert agent.final_result(state, 12) == independent_result(12)
+    assert peers.expected_result(12) == independent_result(12)
+    if regime == "grow":
+        assert all(len(e) == 1024 for e in state["transcript"])
+
+
+def test_agent_contract_detects_a_wrong_output() -> None:
+    """An out-of-order or wrong step output makes the final result a mismatch."""
+    agent = importlib.import_module("benchmarks.peers._agent")
+    state = agent.initial_state("const")
+    agent.advance(state, 0, "out-0")
+    agent.advance(state, 1, "out-7")
+    assert agent.final_result(state, 2)["digest"] == "MISMATCH"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(("regime", "work_ms"), CASES)
+def test_dbos_peer_smoke(tmp_path: pathlib.Path, regime: str, work_ms: float) -> None:
+    """DBOS crashed at step n-1 and relaunched produces numbers and the contract's final result."""
+    pytest.importorskip("dbos")
+    from benchmarks.peers import dbos_peer
+
+    assert dbos_peer.available()
+    res = dbos_peer.measure(10, regime=regime, work_ms=work_ms, repeats=1, workdir=tmp_path)
+    check_numbers(res, peer="dbos", n=10, regime=regime, work_ms=work_ms)
+    parts = res["breakdown_s"]
+    assert parts["queue_poll_wait_s"][0] > 0 and parts["replay_s"][0] > 0
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(("regime", "work_ms"), CASES)
+def test_langgraph_peer_smoke(tmp_path: pathlib.Path, regime: str, work_ms: float) -> None:
+    """LangGraph crashed at step n-1 and resumed by invoke(None) produces numbers and the final result."""
+    pytest.importorskip("langgraph")
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    from benchmarks.peers import langgraph_peer
+
+    assert langgraph_peer.available()
+    res = langgraph_peer.measure(10, regime=regime, work_ms=work_ms, repeats=1, workdir=tmp_path)
+    check_numbers(res, peer="langgraph", n=10, regime=regime, work_ms=work_ms)
+    assert res["breakdown_s"]["invoke_to_step_s"][0] > 0
