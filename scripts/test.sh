@@ -36,7 +36,7 @@ for minor in 3.11 3.12 3.13; do
   echo "== Python $minor ($py)"
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$venv/bin/python" -m pip install -q -e ".[test]"
+  "$venv/bin/python" -m pip install -q -e ".[test,openai]"
   if "$venv/bin/python" -m pytest -p no:cacheprovider "$@"; then
     ran=$((ran + 1))
   else
