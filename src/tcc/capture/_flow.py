@@ -89,6 +89,12 @@ _JUMPS = set(getattr(dis, "hasjump", ())) | set(dis.hasjrel) | set(dis.hasjabs)
 _CALLS = {_op("CALL"), _op("CALL_KW"), _op("CALL_FUNCTION_EX")} - {-1}
 
 _YIELD_VALUE = _op("YIELD_VALUE")
+
+# CPython 3.13.0's CALL_LIST_APPEND specialisation assumes that a call site
+# whose callable is ``list.append`` has a non-NULL self, and dereferences it
+# (``o.append(x)`` with ``o = list`` after a few list ``o`` segfaults in pure
+# Python).  A NULL self next to ``list.append`` is therefore refused on 3.13.
+_LIST_APPEND = list.append
 _EXTENDED_ARG = _op("EXTENDED_ARG")
 
 # Loads of plain locals that dereference without a NULL check exist only on
@@ -179,11 +185,13 @@ class _Instr:
 class _Point:
     """What the analysis knows about one suspension point."""
 
-    __slots__ = ("depth", "null_ok", "start")
+    __slots__ = ("depth", "null_ok", "method_self", "start")
 
-    def __init__(self, depth: int | None, null_ok: int, start: int) -> None:
+    def __init__(self, depth: int | None, null_ok: int, method_self: int, start: int) -> None:
         self.depth = depth  # exact value-stack depth while suspended; None: unknown
         self.null_ok = null_ok  # bit i: stack[i] may legally be NULL
+        # bit i: stack[i] is the NULL-or-self half of a method load (3.13 only)
+        self.method_self = method_self
         self.start = start  # index of the instruction a resume runs first
 
 
@@ -230,10 +238,10 @@ class _CodeInfo:
     def _analyse_stack(self) -> None:
         instrs = self.instrs
         n = len(instrs)
-        states: list[tuple[int, int] | None] = [None] * n
+        states: list[tuple[int, int, int] | None] = [None] * n
         try:
             if n:
-                _join(states, 0, (0, 0))
+                _join(states, 0, (0, 0, 0))
             work = [0] if n else []
             while work:
                 i = work.pop()
@@ -241,10 +249,11 @@ class _CodeInfo:
                 assert state is not None
                 ins = instrs[i]
                 if ins.handler >= 0:
-                    depth, mask = state
+                    depth, mask, pmask = state
                     if ins.hdepth > depth:
                         raise _Undecidable
-                    hstate = (ins.hdepth + ins.hlasti + 1, mask & ((1 << ins.hdepth) - 1))
+                    keep = (1 << ins.hdepth) - 1
+                    hstate = (ins.hdepth + ins.hlasti + 1, mask & keep, pmask & keep)
                     if _join(states, ins.handler, hstate):
                         work.append(ins.handler)
                 if ins.falls and i + 1 < n:
@@ -262,14 +271,15 @@ class _CodeInfo:
             if ins.kind == _RETURN_GENERATOR and i + 1 < n:
                 # A fresh (CREATED) frame: its first resume runs the
                 # instruction after RETURN_GENERATOR with an empty stack.
-                self.points[-1] = _Point(0, 0, i + 1)
+                self.points[-1] = _Point(0, 0, 0, i + 1)
             elif _is_yield(self.code, ins) and i + 1 < n:
                 state = states[i]
                 if state is None or state[0] < 1:
-                    point = _Point(None, -1, i + 1)
+                    point = _Point(None, -1, 0, i + 1)
                 else:
-                    depth, mask = state
-                    point = _Point(depth - 1, mask & ((1 << (depth - 1)) - 1), i + 1)
+                    depth, mask, pmask = state
+                    keep = (1 << (depth - 1)) - 1
+                    point = _Point(depth - 1, mask & keep, pmask & keep if _NULL_ABOVE else 0, i + 1)
                 self.points[ins.offset // 2] = point
 
     # -- rule 3: forward from the resumption point, with the record's NULLs --
@@ -399,18 +409,17 @@ def _join(states: list[Any], i: int, state: tuple[int, ...]) -> bool:
     return False
 
 
-def _step(ins: _Instr, state: tuple[int, int], effect: int) -> tuple[int, int]:
-    """Stack transfer (depth, may-NULL mask) for rule 2."""
-    depth, mask = state
+def _step(ins: _Instr, state: tuple[int, int, int], effect: int) -> tuple[int, int, int]:
+    """Stack transfer (depth, may-NULL mask, method-self mask) for rule 2."""
+    depth, mask, pmask = state
     kind = ins.kind
-    if kind == _PUSH_NULL:
-        return depth + 1, mask | (1 << depth)
-    if kind == _LOAD_AND_CLEAR:
-        return depth + 1, mask | (1 << depth)
-    return _stack_step(ins, depth, mask, effect, 0)
+    if kind == _PUSH_NULL or kind == _LOAD_AND_CLEAR:
+        return depth + 1, mask | (1 << depth), pmask
+    new, mask = _stack_step(ins, depth, mask, effect)
+    return new, mask, _stack_step(ins, depth, pmask, effect)[1]
 
 
-def _stack_step(ins: _Instr, depth: int, mask: int, effect: int, pushed_bit: int) -> tuple[int, int]:
+def _stack_step(ins: _Instr, depth: int, mask: int, effect: int) -> tuple[int, int]:
     kind = ins.kind
     new = depth + effect
     if new < 0:
@@ -545,7 +554,7 @@ def _flow_step(
         lmask &= ~(1 << arg)
     elif kind == _DELETE:
         lmask |= 1 << arg
-    new, smask = _stack_step(ins, depth, smask, effect, 0)
+    new, smask = _stack_step(ins, depth, smask, effect)
     return new, smask, lmask
 
 
@@ -631,6 +640,13 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
                 raise ValueError(
                     f"record of {_where(info, offset)} has NULL in "
                     f"{_slot_name(info, i)}, where the bytecode never has a NULL"
+                )
+            if (point.method_self >> k) & 1 and slots[i - 1] is _LIST_APPEND:
+                raise ValueError(
+                    f"record of {_where(info, offset)} has NULL in "
+                    f"{_slot_name(info, i)} (the self of a method call) next to "
+                    "list.append, which a specialised CALL_LIST_APPEND would "
+                    "dereference"
                 )
             smask |= 1 << k
     if not info.flow_ok or (lmask == 0 and smask == 0):

@@ -89,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     fork.add_argument("--run-id", dest="new_run_id", help="id for the new run")
     fork.set_defaults(handler=_cmd_fork)
 
+    worker = sub.add_parser("worker", help="supervise the store: resume dead, due and signalled runs")
+    _common(worker)
+    worker.add_argument("--concurrency", type=int, default=4, metavar="N", help="runs at once (default 4)")
+    worker.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval (default 1)")
+    worker.add_argument("--once", action="store_true", help="one poll, then wait for the started runs")
+    worker.set_defaults(handler=_cmd_worker)
+
     ls = sub.add_parser("ls", help="list runs")
     _common(ls)
     ls.add_argument("--status", help="only runs with this status")
@@ -227,6 +234,17 @@ def _cmd_fork(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .. import runtime
+
+    with _open(args, create=True) as store:
+        worker = runtime.Worker(
+            store, concurrency=args.concurrency, poll=args.poll,
+            log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+        return worker.serve(once=args.once)
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
     with _open(args, create=False) as store:
         runs = store.list_runs(args.status)
@@ -286,6 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "command", None) in ("run", "resume"):
+        import signal
+
+        from ..runtime import STOP
+
+        # SIGTERM (a redeploy, `tcc worker` shutting down): stop after the
+        # current commit instead of dying in the middle of an effect.
+        signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -75,6 +75,8 @@ def outcome(out: Any, *, as_json: bool) -> int:
         else:
             print(f"waiting for signal {info.get('name')!r} -- send it with "
                   f"`tcc signal {out.run_id} {info.get('name')} --value JSON`, then `tcc resume {out.run_id}`")
+    elif out.status == "stopped":
+        print(f"stopped after its last commit (SIGTERM); `tcc resume {out.run_id}` continues it")
     elif out.status == "sleeping":
         until = (out.parked or {}).get("until", 0)
         print(f"sleeping until {_when(until)} -- `tcc resume {out.run_id}` after that (or run `tcc worker`)")
@@ -115,21 +117,9 @@ def delivered(run_id: str, wait_id: str, *, as_json: bool) -> None:
 
 
 def pending_waits(store: Any, run_id: str) -> list[dict[str, Any]]:
-    """Waits the run parked on whose signal has not been consumed yet."""
-    waits: dict[str, dict[str, Any]] = {}
-    for e in store.events(run_id):
-        data = dict(e.data)
-        if e.kind == "wait" and "id" in data:
-            waits[data["id"]] = data
-        elif e.kind == "wait_satisfied":
-            waits.pop(data.get("id"), None)
-    out = []
-    for wait_id, data in waits.items():
-        state = store.signal_state(run_id, wait_id)
-        if state != "consumed":
-            data.pop("status", None)
-            out.append({**data, "signal": state or "not sent"})
-    return out
+    from ..runtime import pending_waits as waits
+
+    return waits(store, run_id)
 
 
 def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:

@@ -4,9 +4,24 @@ from ._driver import Driver as Driver
 from ._driver import Intent as Intent
 from ._driver import Outcome as Outcome
 from ._fork import fork as fork
+from ._driver import STOP as STOP
 from ._runs import STRATEGIES as STRATEGIES
+from ._worker import Worker as Worker
+from ._worker import pending_waits as pending_waits
 from ._runs import resume as resume
 from ._runs import start as start
 from ._scripts import load_script as load_script
 
-__all__ = ["STRATEGIES", "Driver", "Intent", "Outcome", "fork", "load_script", "resume", "start"]
+__all__ = [
+    "STOP",
+    "STRATEGIES",
+    "Driver",
+    "Intent",
+    "Outcome",
+    "Worker",
+    "fork",
+    "load_script",
+    "pending_waits",
+    "resume",
+    "start",
+]

@@ -58,6 +58,9 @@ SLEEP_EFFECT = "tcc:sleep"
 Pending = tuple[str, Any]
 
 
+STOP = threading.Event()  # set by SIGTERM: stop after the current commit
+
+
 class _Parked(Exception):
     """The run is waiting for a signal or sleeping: the process may exit."""
 
@@ -214,6 +217,8 @@ class Driver:
         self._loop = asyncio.new_event_loop()
         try:
             while True:
+                if STOP.is_set():
+                    return self._parked(_Parked("stopped", {"reason": "SIGTERM"}))
                 if pending[0] == "request":  # resumed at a wait or a sleep
                     try:
                         pending = self._handle(coro, pending[1])

@@ -47,3 +47,13 @@ async def forkable():
     await tcc.checkpoint()
     extra = await act(f"follow-up to {answer}")
     return [answer, extra]
+
+
+async def slow_steps(n="6"):
+    import time as _t
+
+    done = []
+    for i in range(int(n)):
+        _t.sleep(float(os.environ.get("STEP_DELAY", "0")))
+        done.append(await act(f"step {i}"))
+    return done

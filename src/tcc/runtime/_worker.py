@@ -1,0 +1,149 @@
+"""``tcc worker``: a supervisor that keeps a store's runs moving.
+
+Every poll it looks at the tenant's unfinished runs and resumes, each in its
+own ``tcc resume`` subprocess (at most ``concurrency`` at once):
+
+* ``running`` runs whose owner is dead -- its process is gone from this host,
+  or its lease expired without a heartbeat (a dead-man switch);
+* ``sleeping`` runs whose wake time has come;
+* ``waiting`` runs whose awaited signal has arrived.
+
+Every takeover increments the run's epoch, so a zombie owner that wakes up
+later is fenced and cannot commit.  On SIGTERM the worker stops starting runs,
+asks its children to stop after their current commit, waits for them, and
+exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from ..store import RunInfo, Store
+
+HOST = socket.gethostname()
+
+
+def pending_waits(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """Waits the run registered whose signal has not been consumed yet."""
+    waits: dict[str, dict[str, Any]] = {}
+    for e in store.events(run_id):
+        data = dict(e.data)
+        if e.kind == "wait" and "id" in data:
+            waits[data["id"]] = data
+        elif e.kind == "wait_satisfied":
+            waits.pop(data.get("id"), None)
+    out = []
+    for wait_id, data in waits.items():
+        state = store.signal_state(run_id, wait_id)  # type: ignore[attr-defined]
+        if state != "consumed":
+            out.append({**data, "signal": state or "not sent"})
+    return out
+
+
+def wake_time(store: Store, run_id: str) -> float | None:
+    until = None
+    for e in store.events(run_id):
+        if e.kind == "parked" and dict(e.data).get("status") == "sleeping":
+            until = float(dict(e.data).get("until", 0.0))
+    return until
+
+
+def _owner_dead(run: RunInfo, now: float) -> bool:
+    if run.lease_expiry <= now:
+        return True
+    if run.owner_host == HOST:
+        try:
+            os.kill(run.owner_pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    return False
+
+
+def due(store: Store, run: RunInfo, now: float) -> str | None:
+    """Why the worker should resume ``run`` now, or None."""
+    if run.status == "running":
+        return "owner dead" if _owner_dead(run, now) else None
+    if run.status == "sleeping":
+        until = wake_time(store, run.run_id)
+        return "timer due" if until is None or until <= now else None
+    if run.status == "waiting":
+        if any(w["signal"] == "pending" for w in pending_waits(store, run.run_id)):
+            return "signal arrived"
+    return None
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        concurrency: int = 4,
+        poll: float = 1.0,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.store = store
+        self.concurrency = max(1, concurrency)
+        self.poll = poll
+        self.command = command or [sys.executable, "-m", "tcc"]
+        self.env = env
+        self.log = log
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+
+    def stop(self, *_args: Any) -> None:
+        self.stopping = True
+
+    def _reap(self) -> None:
+        for run_id, proc in list(self.children.items()):
+            code = proc.poll()
+            if code is not None:
+                del self.children[run_id]
+                self.log(f"worker: run {run_id} exited with {code}")
+
+    def tick(self) -> int:
+        """One poll: start resumes for due runs; return how many were started."""
+        self._reap()
+        started = 0
+        now = time.time()
+        for run in sorted(self.store.list_runs(), key=lambda r: r.updated):
+            if self.stopping or len(self.children) >= self.concurrency:
+                break
+            if run.run_id in self.children or run.status not in ("running", "sleeping", "waiting"):
+                continue
+            reason = due(self.store, run, now)
+            if reason is None:
+                continue
+            args = [*self.command, "--debug", "resume", "--store", self.store.path,
+                    "--tenant", self.store.tenant, run.run_id]
+            self.log(f"worker: resuming {run.run_id} ({reason})")
+            self.children[run.run_id] = subprocess.Popen(
+                args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            started += 1
+        return started
+
+    def serve(self, *, once: bool = False) -> int:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        while not self.stopping:
+            self.tick()
+            if once:
+                break
+            time.sleep(self.poll)
+        for proc in self.children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # they stop after their current commit
+        for run_id, proc in self.children.items():
+            proc.wait()
+            self.log(f"worker: run {run_id} exited with {proc.returncode}")
+        return 0

@@ -1,0 +1,83 @@
+"""`tcc worker`: takeover of dead runs, due timers, signalled waits; fencing of zombies."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+from helpers import AGENTS, Cli
+
+WAIT = str(AGENTS / "wait_agent.py")
+LEDGER_AGENT = str(AGENTS / "ledger_agent.py")
+
+
+def wait_for_status(cli: Cli, run_id: str, status: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        shown = cli.run("show", "--json", run_id)
+        if shown.returncode == 0 and json.loads(shown.stdout)["status"] == status:
+            return json.loads(shown.stdout)
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} never reached {status}: {cli.run('show', run_id).stdout}")
+
+
+def test_worker_takes_over_a_sigkilled_run_and_resumes_due_and_signalled_runs(tmp_path):
+    """One worker finishes a SIGKILLed run, a due timer and an approved wait."""
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="10", TCC_SLEEP_INLINE="0.1")
+    victim = cli.popen("run", "--run-id", "dead", "--lease", "2", LEDGER_AGENT)
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 3:
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    cli.run("run", "--run-id", "nap", f"{WAIT}:sleeper", "1.0", check=True)
+    cli.run("run", "--run-id", "gate", f"{WAIT}:gated", check=True)
+    cli.run("approve", "gate", check=True)
+    worker = cli.popen("worker", "--poll", "0.2")
+    try:
+        dead = wait_for_status(cli, "dead", "completed")
+        assert dead["result"]["steps"] == 10 and dead["epoch"] == 2
+        assert any(e["kind"] == "taken_over" for e in dead["events"])
+        assert wait_for_status(cli, "gate", "completed")["result"] == ["did prepare", True, "did deploy"]
+        assert wait_for_status(cli, "nap", "completed")["result"] == "did after"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert "resuming dead (owner dead)" in err
+
+
+def test_stale_epoch_zombie_is_fenced(tmp_path):
+    """A stopped owner whose lease expired is taken over; when it wakes it is fenced and writes nothing."""
+    cli = Cli(tmp_path, STEP_DELAY="0.3")
+    zombie = cli.popen("run", "--run-id", "z", "--lease", "1", f"{WAIT}:slow_steps", "8")
+    wait_for_status(cli, "z", "running")
+    time.sleep(0.8)
+    zombie.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # the lease (1 s) expires without heartbeats
+        done = json.loads(cli.run("resume", "--json", "z", check=True).stdout)
+        assert done["status"] == "completed"
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+    _out, err = zombie.communicate(timeout=60)
+    assert zombie.returncode == 1
+    assert "epoch" in err and ("fenced" in err.lower() or "stale" in err.lower() or "owned" in err.lower())
+    shown = cli.show("z")
+    assert shown["status"] == "completed" and shown["epoch"] == 2
+    assert shown["result"] == [f"did step {i}" for i in range(8)]
+
+
+def test_sigterm_stops_a_run_after_its_commit(tmp_path):
+    """SIGTERM makes `tcc run` stop cleanly between effects; resume finishes the run."""
+    cli = Cli(tmp_path, STEP_DELAY="0.2")
+    proc = cli.popen("run", "--json", "--run-id", "t", f"{WAIT}:slow_steps", "6")
+    wait_for_status(cli, "t", "running")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["status"] == "stopped"
+    done = json.loads(cli.run("resume", "--json", "t", check=True).stdout)
+    assert done["result"] == [f"did step {i}" for i in range(6)]
