@@ -144,6 +144,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 )
                 return _render.outcome(outcome, as_json=args.json)
         strategy, notice = runtime._runs.effective_strategy(args.strategy)
+        from ..runtime import _scripts
+
+        if runtime._runs.is_sync(_scripts.resolve(runtime._runs._entry(args.script))):
+            strategy, notice = "replay", runtime._runs.SYNC_NOTICE
         if notice:
             print(f"tcc: note: {notice}", file=sys.stderr)
         every = args.checkpoint_every or (10 if strategy == "hybrid" else 1)

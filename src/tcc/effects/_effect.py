@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from typing import Any, Callable
 
 from . import _context
@@ -152,13 +153,23 @@ class Effect:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _context.active() is None:
             return self.fn(*args, **kwargs)
-        return EffectRequest(self.name, args, kwargs)
+        return _switch_if_sync(EffectRequest(self.name, args, kwargs))
 
     def __reduce__(self) -> Any:
         return (lookup, (self.name,))
 
     def __repr__(self) -> str:
         return f"<tcc.effect {self.name}>"
+
+
+def _switch_if_sync(request: Any) -> Any:
+    """In a sync run (a greenlet), hand the request to the driver and return its answer."""
+    greenlet = sys.modules.get("greenlet")
+    if greenlet is not None:
+        current = greenlet.getcurrent()
+        if type(current).__name__ == "SyncRun" and current.parent is not None:
+            return current.parent.switch(request)
+    return request
 
 
 def lookup(name: str) -> Effect:
@@ -201,7 +212,7 @@ def gather(*calls: Any) -> GatherRequest:
             "tcc.gather() takes effect calls made inside a run, e.g. "
             f"tcc.gather(search('a'), search('b')); got {bad[0]!r}"
         )
-    return GatherRequest(tuple(calls))
+    return _switch_if_sync(GatherRequest(tuple(calls)))
 
 
 def wait_for(name: str, timeout: float | None = None) -> WaitRequest:
@@ -214,25 +225,25 @@ def wait_for(name: str, timeout: float | None = None) -> WaitRequest:
     raised inside the agent once it has passed.
     """
     _check_name(name)
-    return WaitRequest(name, "signal", None, timeout)
+    return _switch_if_sync(WaitRequest(name, "signal", None, timeout))
 
 
 def approval(prompt: str, *, timeout: float | None = None) -> WaitRequest:
     """``ok = await tcc.approval("Deploy?")``: True/False from ``tcc approve``/``tcc reject``."""
-    return WaitRequest("approval", "approval", prompt, timeout)
+    return _switch_if_sync(WaitRequest("approval", "approval", prompt, timeout))
 
 
 def sleep(seconds: float) -> SleepRequest:
     """``await tcc.sleep(seconds)``: a durable timer; long sleeps leave the run `sleeping`."""
     import time
 
-    return SleepRequest(time.time() + max(0.0, float(seconds)))
+    return _switch_if_sync(SleepRequest(time.time() + max(0.0, float(seconds))))
 
 
 def sleep_until(when: Any) -> SleepRequest:
     """``await tcc.sleep_until(datetime)`` (an aware datetime, or epoch seconds)."""
     stamp = when.timestamp() if hasattr(when, "timestamp") else float(when)
-    return SleepRequest(stamp)
+    return _switch_if_sync(SleepRequest(stamp))
 
 
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:+=-")
@@ -247,4 +258,4 @@ def _check_name(name: str) -> None:
 
 def checkpoint() -> CheckpointRequest:
     """``await tcc.checkpoint()`` snapshots the run at this point."""
-    return CheckpointRequest()
+    return _switch_if_sync(CheckpointRequest())

@@ -241,7 +241,7 @@ class Driver:
                     replaying = False
                     self._caught_up(coro, pending)
         finally:
-            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+            if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                 coro.close()  # never started: closing runs no user code
             self._stop_heartbeat.set()
             self._loop.run_until_complete(self._loop.shutdown_default_executor())

@@ -35,12 +35,24 @@ def _entry(script: str) -> str:
     return f"{path}:{func}"
 
 
-def _make_coroutine(func: Any, args: Sequence[str], entry: str) -> Any:
-    if not inspect.iscoroutinefunction(func):
-        raise errors.UsageError(
-            f"{entry} must be an `async def` function (sync scripts are not supported yet)"
-        )
-    return func(*args)
+def is_sync(func: Any) -> bool:
+    return not inspect.iscoroutinefunction(func)
+
+
+def _make_coroutine(func: Any, args: Sequence[str], entry: str, run_id: str) -> Any:
+    if inspect.iscoroutinefunction(func):
+        return func(*args)
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise errors.UsageError(f"{entry} must be an `async def` or a plain `def` function")
+    from ._sync import GreenletTask
+
+    return GreenletTask(func, tuple(args), run_id)
+
+
+SYNC_NOTICE = (
+    "main is a plain function: sync frames cannot be captured, so this run is journaled and "
+    "recovers by replaying the journal (strategy replay)"
+)
 
 
 def effective_strategy(strategy: str) -> tuple[str, str | None]:
@@ -78,6 +90,8 @@ def start(
     """
     entry = _entry(script)
     func = _scripts.resolve(entry)  # usage errors before anything is stored
+    if is_sync(func):
+        strategy = "replay"
     strategy, _notice = effective_strategy(strategy)
     label = strategy_label(strategy, checkpoint_every)
     run = store.create_run(
@@ -86,7 +100,7 @@ def start(
     if on_created is not None:
         on_created(run)
     store.add_event(run.run_id, "started", {"pid": os.getpid(), "strategy": strategy})
-    coro = _make_coroutine(func, args, entry)
+    coro = _make_coroutine(func, args, entry, run.run_id)
     driver = Driver(
         store, run.run_id, run.epoch, snapshots=strategy != "replay",
         checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
@@ -118,6 +132,8 @@ def resume(
         checkpoint_every = stored_every
     strategy, _notice = effective_strategy(strategy or run.strategy)
     func = _scripts.resolve(run.entry)
+    if is_sync(func):
+        strategy = "replay"
     run = store.claim_run(run_id, lease=lease, steal=steal)
 
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
@@ -138,7 +154,7 @@ def resume(
         start_seq = info.journal_len
         store.add_event(run_id, "resumed", {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()})
     else:
-        coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry)
+        coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry, run_id)
         pending, calls, start_seq, waits = ("send", None), 0, 0, {}
         store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
     replay = logged_calls(store.journal(run_id, start_seq))

@@ -57,3 +57,12 @@ async def slow_steps(n="6"):
         _t.sleep(float(os.environ.get("STEP_DELAY", "0")))
         done.append(await act(f"step {i}"))
     return done
+
+
+def sync_main(n="4"):
+    """A plain function: effects switch to the driver through a greenlet."""
+    out = [act(f"sync {i}") for i in range(int(n))]
+    if os.environ.get("SYNC_DIE") == "1" and not os.environ.get("SYNC_RESUMED"):
+        os.kill(os.getpid(), 9)
+    out.append(act("after"))
+    return out

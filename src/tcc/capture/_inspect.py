@@ -1,0 +1,1090 @@
+"""Read a snapshot without resuming it and without running user code.
+
+:func:`safe_loads` unpickles a payload made by :func:`tcc.capture.dump_payload`
+with a restricted unpickler.  Its ``find_class`` never imports a module that
+is not already imported and never hands out a user callable: tcc's frame
+reconstructors become *views* (:class:`FrameView`, :class:`CellView`, ...),
+cloudpickle's function and class rebuilders become views that keep names and
+code objects, a short allowlist of inert standard types stays real, and every
+other global becomes a :class:`Stub` class that, when called, reconstructed or
+given state, just records what it was given.  Nothing in the pickle can reach
+a ``__reduce__``/``__setstate__``/``__repr__`` of a user class.
+
+:func:`describe` turns the root of a run state (the root coroutine) into a
+list of :class:`FrameInfo`, outermost first, following the await chain
+through the value stacks, with lines mapped from the stored instruction
+offsets and locals rendered by :func:`safe_repr`.  Code of functions captured
+*by reference* is found by compiling the current source file (compiling
+executes nothing) and is compared with the stored fingerprint.
+
+Live generators (from :func:`tcc.capture.loads`, for ``--unsafe-repr``) are
+accepted by :func:`describe` too; they are read with the native
+``read_frame`` and rendered with real reprs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dataclasses
+import datetime
+import decimal
+import fractions
+import io
+import linecache
+import os
+import pickle
+import re
+import reprlib
+import sys
+import tokenize
+import types
+import uuid
+from typing import Any, Callable, Iterator
+
+from . import _frames
+from ._api import _deep_recursion
+from ._fingerprint import fingerprint
+
+# ---------------------------------------------------------------- the views
+
+
+class View:
+    """Base of everything the restricted unpickler builds instead of live objects."""
+
+    __slots__ = ()
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:  # pragma: no cover - overridden
+        return f"<{type(self).__name__}>"
+
+    def __repr__(self) -> str:
+        return self._tcc_repr(_SafeRepr(), 3)
+
+
+class _Unbound(View):
+    """A C NULL in a frame slot: an unbound local (or a method-call marker)."""
+
+    __slots__ = ()
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return "<unbound>"
+
+    def __reduce__(self) -> str:
+        return "UNBOUND"
+
+
+UNBOUND = _Unbound()
+
+
+class CodeView(View):
+    """A code object that could not be rebuilt on this interpreter."""
+
+    __slots__ = ("args", "filename", "name", "qualname")
+
+    def __init__(self, args: Any, filename: str) -> None:
+        self.args = args
+        self.filename = filename
+        strings = [a for a in args if isinstance(a, str)] if isinstance(args, tuple) else []
+        self.name = strings[1] if len(strings) > 1 else "?"
+        self.qualname = strings[2] if len(strings) > 2 else self.name
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return f"<code {self.qualname}>"
+
+
+class FunctionView(View):
+    """A function captured by value (cloudpickle ``_make_function``)."""
+
+    __slots__ = ("code", "name", "qualname", "module", "closure", "defaults")
+
+    def __init__(self, code: Any, globals_: Any, name: Any, argdefs: Any, closure: Any) -> None:
+        self.code = code if isinstance(code, types.CodeType) else None
+        self.name = name if isinstance(name, str) else "?"
+        qualname = getattr(code, "co_qualname", None) if self.code is not None else None
+        self.qualname = qualname or self.name
+        module = globals_.get("__name__") if isinstance(globals_, dict) else None
+        self.module = module if isinstance(module, str) else None
+        self.closure = closure
+        self.defaults = argdefs
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return f"<function {self.qualname}>"
+
+
+class CellView(View):
+    """A closure cell; ``contents`` is ``EMPTY`` when the cell is empty."""
+
+    __slots__ = ("contents",)
+
+    def __init__(self, contents: Any = None, empty: bool = True) -> None:
+        self.contents = _EMPTY if empty else contents
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        if self.contents is _EMPTY:
+            return "<empty cell>"
+        return f"<cell {r.repr1(self.contents, level - 1)}>"
+
+
+_EMPTY = object()
+
+
+class ModuleView(View):
+    """A module reference (cloudpickle ``subimport``); the module is not imported."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: Any) -> None:
+        self.name = str(name)
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return f"<module {self.name!r}>"
+
+
+class FrameView(View):
+    """A suspended (or unstarted) generator/coroutine frame as stored.
+
+    ``func`` is a :class:`Stub` class (captured by reference: module +
+    qualname) or a :class:`FunctionView` (captured by value, with its code);
+    ``record`` is ``(1, state, offset, slots, exc, name, qualname)``.
+    """
+
+    __slots__ = ("func", "fingerprint", "kind", "record", "live")
+
+    def __init__(self, func: Any, fingerprint_: Any, kind: Any) -> None:
+        self.func = func
+        self.fingerprint = fingerprint_ if isinstance(fingerprint_, bytes) else None
+        self.kind = kind
+        self.record: Any = None
+        self.live: Any = None  # the generator, for frames read from live objects
+
+    @property
+    def by_reference(self) -> bool:
+        return isinstance(self.func, StubMeta)
+
+    @property
+    def module(self) -> str | None:
+        if isinstance(self.func, StubMeta):
+            return self.func._tcc_module
+        if isinstance(self.func, FunctionView):
+            return self.func.module
+        module = getattr(self.func, "__module__", None)
+        return module if isinstance(module, str) else None
+
+    @property
+    def func_qualname(self) -> str:
+        if isinstance(self.func, StubMeta):
+            return self.func._tcc_qualname
+        if isinstance(self.func, FunctionView):
+            return self.func.qualname
+        return str(getattr(self.func, "__qualname__", "?"))
+
+    @property
+    def captured_code(self) -> types.CodeType | None:
+        if isinstance(self.func, FunctionView):
+            return self.func.code
+        code = getattr(self.func, "__code__", None)
+        return code if isinstance(code, types.CodeType) else None
+
+    def _field(self, index: int, default: Any) -> Any:
+        rec = self.record
+        if isinstance(rec, tuple) and len(rec) == 7:
+            return rec[index]
+        return default
+
+    @property
+    def state(self) -> int:
+        value = self._field(1, -1)
+        return value if isinstance(value, int) else -1
+
+    @property
+    def offset(self) -> int:
+        value = self._field(2, -1)
+        return value if isinstance(value, int) else -1
+
+    @property
+    def slots(self) -> tuple[Any, ...]:
+        value = self._field(3, ())
+        return value if isinstance(value, tuple) else ()
+
+    @property
+    def exc(self) -> Any:
+        return self._field(4, UNBOUND)
+
+    @property
+    def name(self) -> str:
+        value = self._field(5, None)
+        return value if isinstance(value, str) else self.func_qualname.rpartition(".")[2]
+
+    @property
+    def qualname(self) -> str:
+        value = self._field(6, None)
+        return value if isinstance(value, str) else self.func_qualname
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        what = "coroutine"
+        code = self.captured_code
+        if code is not None and not code.co_flags & 0x180:  # CO_COROUTINE | CO_ITERABLE_COROUTINE
+            what = "generator"
+        state = {0: " (not started)", 1: ""}.get(self.state, "")
+        return f"<{what} {self.qualname}{state}>"
+
+
+class FinishedView(View):
+    """A generator/coroutine that had already finished when captured."""
+
+    __slots__ = ("code", "name", "qualname")
+
+    def __init__(self, code: Any, name: Any, qualname: Any) -> None:
+        self.code = code
+        self.name = str(name)
+        self.qualname = str(qualname)
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return f"<finished {self.qualname}>"
+
+
+# ------------------------------------------------------------------- stubs
+
+_SCRIPT_MODULE = re.compile(r"^__tcc_script_(.+)_[0-9a-f]{8}$")
+
+
+def display_module(module: str | None) -> str:
+    """``__tcc_script_agent_1a2b3c4d`` -> ``agent``; other names unchanged."""
+    if not module:
+        return ""
+    m = _SCRIPT_MODULE.match(module)
+    return m.group(1) if m else module
+
+
+class StubMeta(type):
+    """Metaclass of the stand-ins for globals the snapshot names."""
+
+    _tcc_module: str
+    _tcc_qualname: str
+
+    def __repr__(cls) -> str:
+        return f"<class {cls._tcc_display()}>"
+
+    def _tcc_display(cls) -> str:
+        module = display_module(cls._tcc_module)
+        return f"{module}.{cls._tcc_qualname}" if module else cls._tcc_qualname
+
+
+class Stub(metaclass=StubMeta):
+    """An instance of something the snapshot names but inspect never loads.
+
+    Calling the stub class, ``NEWOBJ``, ``BUILD``/``__setstate__``,
+    ``SETITEMS`` and ``APPENDS`` only record their arguments.
+    """
+
+    _tcc_module = ""
+    _tcc_qualname = "Stub"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Stub":
+        self = object.__new__(cls)
+        object.__setattr__(self, "_tcc_args", args)
+        object.__setattr__(self, "_tcc_kwargs", kwargs)
+        object.__setattr__(self, "_tcc_state", None)
+        object.__setattr__(self, "_tcc_items", [])
+        return self
+
+    def __setstate__(self, state: Any) -> None:
+        object.__setattr__(self, "_tcc_state", state)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._tcc_items.append((key, value))
+
+    def append(self, value: Any) -> None:
+        self._tcc_items.append(value)
+
+    def extend(self, values: Any) -> None:
+        self._tcc_items.extend(values)
+
+    def __repr__(self) -> str:
+        return _SafeRepr().repr1(self, 3)
+
+    # What the instance holds, for describing requests and rendering.
+    def _tcc_attrs(self) -> dict[str, Any]:
+        state = self._tcc_state
+        out: dict[str, Any] = {}
+        if isinstance(state, tuple) and len(state) == 2 and all(
+            s is None or isinstance(s, dict) for s in state
+        ):
+            for part in state:
+                out.update(part or {})
+        elif isinstance(state, dict):
+            out.update(state)
+        return {k: v for k, v in out.items() if isinstance(k, str)}
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        cls = type(self)
+        head = cls._tcc_display()
+        if level <= 0:
+            return f"<{head} ...>"
+        parts = [r.repr1(a, level - 1) for a in self._tcc_args[:3]]
+        if len(self._tcc_args) > 3:
+            parts.append("...")
+        parts += [f"{k}={r.repr1(v, level - 1)}" for k, v in list(self._tcc_kwargs.items())[:2]]
+        text = f"<{head}({', '.join(parts)})" if parts else f"<{head}"
+        attrs = self._tcc_attrs()
+        shown = [f"{k}={r.repr1(v, level - 1)}" for k, v in list(attrs.items())[:3]]
+        if len(attrs) > 3:
+            shown.append(f"+{len(attrs) - 3} more")
+        if self._tcc_state is not None and not attrs:
+            shown.append(f"state={r.repr1(self._tcc_state, level - 1)}")
+        if self._tcc_items:
+            shown.append(f"items={r.repr1(list(self._tcc_items[:4]), level - 1)}")
+        return text + (" " + " ".join(shown) if shown else "") + ">"
+
+
+def stub_class(module: str, qualname: str, **extra: Any) -> StubMeta:
+    name = qualname.rpartition(".")[2] or "stub"
+    ns: dict[str, Any] = {"_tcc_module": module, "_tcc_qualname": qualname, "__slots__": ()}
+    ns.update(extra)
+    cls = StubMeta(name, (Stub,), ns)
+    return cls
+
+
+def stub_name(obj: Any) -> str | None:
+    """'module.qualname' of a stub instance or stub class, else None."""
+    cls = obj if isinstance(obj, StubMeta) else type(obj) if isinstance(type(obj), StubMeta) else None
+    if cls is None:
+        return None
+    return f"{cls._tcc_module}.{cls._tcc_qualname}" if cls._tcc_module else cls._tcc_qualname
+
+
+# -------------------------------------------------------- stand-in builders
+
+
+def _new_generator(func: Any, expected: Any = None, kind: Any = 0) -> FrameView:
+    return FrameView(func, expected, kind)
+
+
+def _fill_generator(gen: Any, record: Any) -> None:
+    if isinstance(gen, FrameView):
+        gen.record = record
+
+
+def _finished_generator(code: Any, name: Any, qualname: Any) -> FinishedView:
+    return FinishedView(code, name, qualname)
+
+
+def _no_traceback(*_args: Any) -> None:
+    return None
+
+
+def _make_code(args: Any, filename: Any) -> Any:
+    # Building a code object executes nothing.
+    try:
+        return types.CodeType(*args).replace(co_filename=str(filename))
+    except Exception:  # noqa: BLE001 - another interpreter's layout: keep a view
+        return CodeView(args, str(filename))
+
+
+def _empty_cell(*_args: Any) -> CellView:
+    return CellView()
+
+
+def _fill_cell(cell: Any, state: Any) -> None:
+    if isinstance(cell, CellView) and isinstance(state, tuple) and state:
+        cell.contents = state[0]
+
+
+def _fill_exception(exc: Any, state: Any) -> None:
+    try:
+        own, cause, context, suppress = state
+    except (TypeError, ValueError):
+        return
+    if isinstance(exc, BaseException):
+        if isinstance(own, dict):
+            exc.__dict__.update(own)
+        for attr, value in (("__cause__", cause), ("__context__", context)):
+            if value is None or isinstance(value, BaseException):
+                setattr(exc, attr, value)
+            else:
+                exc.__dict__["_tcc" + attr.strip("_")] = value
+        exc.__suppress_context__ = bool(suppress)
+    elif isinstance(exc, Stub):
+        exc.__setstate__(own)
+
+
+_RECORDS: dict[str, Any] = {
+    "new_generator": _new_generator,
+    "fill_generator": _fill_generator,
+    "finished_generator": _finished_generator,
+    "no_traceback": _no_traceback,
+    "make_code": _make_code,
+    "empty_cell": _empty_cell,
+    "fill_cell": _fill_cell,
+    "fill_exception": _fill_exception,
+    "NULL": UNBOUND,
+}
+
+
+def _cp_make_function(code: Any, globals_: Any, name: Any, argdefs: Any = None, closure: Any = None) -> FunctionView:
+    return FunctionView(code, globals_, name, argdefs, closure)
+
+
+def _cp_function_setstate(obj: Any, state: Any) -> None:
+    if not isinstance(obj, FunctionView):
+        return
+    try:
+        _state, slotstate = state
+    except (TypeError, ValueError):
+        return
+    if isinstance(slotstate, dict):
+        if isinstance(slotstate.get("__qualname__"), str):
+            obj.qualname = slotstate["__qualname__"]
+        if isinstance(slotstate.get("__module__"), str):
+            obj.module = slotstate["__module__"]
+        if isinstance(slotstate.get("__defaults__"), tuple):
+            obj.defaults = slotstate["__defaults__"]
+
+
+def _cp_make_empty_cell(*_args: Any) -> CellView:
+    return CellView()
+
+
+_NO_VALUE = object()
+
+
+def _cp_make_cell(value: Any = _NO_VALUE) -> CellView:
+    return CellView() if value is _NO_VALUE else CellView(value, empty=False)
+
+
+def _cp_make_skeleton_class(*args: Any) -> StubMeta:
+    strings = [a for a in args if isinstance(a, str)]
+    kwargs = next((a for a in args if isinstance(a, dict)), {})
+    name = strings[0] if strings else "?"
+    qualname = kwargs.get("__qualname__") if isinstance(kwargs.get("__qualname__"), str) else name
+    module = kwargs.get("__module__") if isinstance(kwargs.get("__module__"), str) else ""
+    return stub_class(module, qualname, _tcc_by_value=True)
+
+
+def _cp_make_skeleton_enum(*args: Any) -> StubMeta:
+    strings = [a for a in args if isinstance(a, str)]
+    name, qualname, module = (strings + ["?", "?", ""])[:3]
+    return stub_class(module, qualname, _tcc_by_value=True)
+
+
+def _cp_class_setstate(obj: Any, state: Any) -> Any:
+    if isinstance(obj, StubMeta):
+        try:
+            clsdict = state[0]
+        except (TypeError, IndexError, KeyError):
+            return obj
+        if isinstance(clsdict, dict):
+            if isinstance(clsdict.get("__module__"), str):
+                type.__setattr__(obj, "_tcc_module", clsdict["__module__"])
+            if isinstance(clsdict.get("__qualname__"), str):
+                type.__setattr__(obj, "_tcc_qualname", clsdict["__qualname__"])
+    return obj
+
+
+def _cp_subimport(name: Any, *_args: Any) -> ModuleView:
+    return ModuleView(name)
+
+
+def _cp_builtin_type(name: Any) -> StubMeta:
+    return stub_class("types", str(name))
+
+
+_CLOUDPICKLE: dict[str, Any] = {
+    "_make_function": _cp_make_function,
+    "_function_setstate": _cp_function_setstate,
+    "_make_empty_cell": _cp_make_empty_cell,
+    "_make_cell": _cp_make_cell,
+    "_make_skeleton_class": _cp_make_skeleton_class,
+    "_make_skeleton_enum": _cp_make_skeleton_enum,
+    "_class_setstate": _cp_class_setstate,
+    "subimport": _cp_subimport,
+    "dynamic_subimport": _cp_subimport,
+    "_builtin_type": _cp_builtin_type,
+}
+
+# Types whose construction, state and repr run no user code.
+_SAFE_BUILTINS = {
+    name: getattr(builtins, name)
+    for name in (
+        "list", "dict", "set", "frozenset", "tuple", "int", "float", "complex", "str",
+        "bytes", "bytearray", "bool", "slice", "range", "object",
+    )
+}
+_SAFE_TYPES: frozenset[type] = frozenset(
+    list(_SAFE_BUILTINS.values())
+    + [
+        type(None), collections.OrderedDict, collections.deque, collections.defaultdict,
+        collections.Counter, datetime.datetime, datetime.date, datetime.time,
+        datetime.timedelta, datetime.timezone, decimal.Decimal, fractions.Fraction, uuid.UUID,
+    ]
+)
+_SAFE_GLOBALS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("collections", "deque"): collections.deque,
+    ("collections", "defaultdict"): collections.defaultdict,
+    ("collections", "Counter"): collections.Counter,
+    ("datetime", "datetime"): datetime.datetime,
+    ("datetime", "date"): datetime.date,
+    ("datetime", "time"): datetime.time,
+    ("datetime", "timedelta"): datetime.timedelta,
+    ("datetime", "timezone"): datetime.timezone,
+    ("decimal", "Decimal"): decimal.Decimal,
+    ("fractions", "Fraction"): fractions.Fraction,
+    ("uuid", "UUID"): uuid.UUID,
+}
+
+
+def _is_safe_class(cls: Any) -> bool:
+    return isinstance(cls, StubMeta) or cls in _SAFE_TYPES or _is_builtin_exception(cls)
+
+
+def _is_builtin_exception(cls: Any) -> bool:
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, BaseException)
+        and cls.__module__ == "builtins"
+        and getattr(builtins, cls.__name__, None) is cls
+    )
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """An unpickler that builds views and stubs instead of live user objects."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self._stubs: dict[tuple[str, str], StubMeta] = {}
+
+    def stub(self, module: str, qualname: str) -> StubMeta:
+        key = (module, qualname)
+        cls = self._stubs.get(key)
+        if cls is None:
+            cls = self._stubs[key] = stub_class(module, qualname)
+        return cls
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "tcc.capture._records" and name in _RECORDS:
+            return _RECORDS[name]
+        if module in ("cloudpickle.cloudpickle", "cloudpickle.cloudpickle_fast", "cloudpickle"):
+            if name in _CLOUDPICKLE:
+                return _CLOUDPICKLE[name]
+        if module in ("builtins", "__builtin__"):
+            if name in _SAFE_BUILTINS:
+                return _SAFE_BUILTINS[name]
+            if name == "getattr":
+                return self._getattr
+            obj = getattr(builtins, name, None) if name.isidentifier() else None
+            if _is_builtin_exception(obj):
+                return obj
+        if module == "copyreg":
+            if name == "_reconstructor":
+                return self._reconstructor
+            if name == "__newobj__":
+                return self._newobj
+            if name == "__newobj_ex__":
+                return self._newobj_ex
+        if (module, name) in _SAFE_GLOBALS:
+            return _SAFE_GLOBALS[(module, name)]
+        return self.stub(module, name)
+
+    # copyreg / builtins stand-ins --------------------------------------------
+
+    def _getattr(self, obj: Any, name: Any, *default: Any) -> Any:
+        name = str(name)
+        if isinstance(obj, StubMeta):
+            return self.stub(obj._tcc_module, f"{obj._tcc_qualname}.{name}")
+        if isinstance(obj, ModuleView):
+            return self.stub(obj.name, name)
+        owner = stub_name(obj) or type(obj).__name__
+        return self.stub("", f"{owner}.{name}")
+
+    def _construct(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _is_safe_class(cls):
+            try:
+                return cls.__new__(cls, *args, **kwargs)
+            except Exception:  # noqa: BLE001 - odd arguments: fall back to a stub
+                pass
+        return self.stub("", f"{_class_label(cls)}")(*args, **kwargs)
+
+    def _newobj(self, cls: Any, *args: Any) -> Any:
+        return self._construct(cls, args, {})
+
+    def _newobj_ex(self, cls: Any, args: Any, kwargs: Any) -> Any:
+        return self._construct(cls, tuple(args or ()), dict(kwargs or {}))
+
+    def _reconstructor(self, cls: Any, base: Any, state: Any) -> Any:
+        if isinstance(cls, StubMeta):
+            obj = cls.__new__(cls)
+            if state is not None:
+                obj.__setstate__({"<base state>": state})
+            return obj
+        if cls in _SAFE_TYPES and base in _SAFE_TYPES:
+            import copyreg
+
+            return copyreg._reconstructor(cls, base, state)  # type: ignore[attr-defined]
+        return self.stub("", _class_label(cls))(state)
+
+
+def _class_label(cls: Any) -> str:
+    name = stub_name(cls)
+    if name is not None:
+        return name
+    if isinstance(cls, type):
+        return f"{cls.__module__}.{cls.__qualname__}"
+    return f"<{type(cls).__name__}>"
+
+
+def safe_loads(payload: bytes) -> Any:
+    """Unpickle a snapshot payload into views, running no user code."""
+    with _deep_recursion():
+        return SafeUnpickler(io.BytesIO(payload)).load()
+
+
+# ---------------------------------------------------------------- reprs
+
+_REPR_LIMIT = 80
+
+
+class _SafeRepr(reprlib.Repr):
+    """reprlib with views rendered by tcc and unknown types never asked."""
+
+    def __init__(self, *, unsafe: bool = False) -> None:
+        super().__init__()
+        self.unsafe = unsafe
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = self.maxarray = self.maxdeque = 6
+        self.maxdict = 5
+        self.maxset = self.maxfrozenset = 6
+        self.maxstring = 60
+        self.maxlong = 40
+        self.maxother = 60
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, (View, Stub)):
+            return x._tcc_repr(self, level)
+        if isinstance(x, StubMeta):
+            return repr(x)
+        if self.unsafe:
+            try:
+                return super().repr1(x, level)
+            except Exception as exc:  # noqa: BLE001 - a user __repr__ failed
+                return f"<{type(x).__qualname__} object; repr failed: {type(exc).__name__}>"
+        t = type(x)
+        if t in _SAFE_TYPES or _is_builtin_exception(t) or t in (types.CodeType,):
+            if isinstance(x, BaseException):
+                args = ", ".join(self.repr1(a, level - 1) for a in x.args[:3])
+                return f"{t.__name__}({args})"
+            if isinstance(x, (collections.OrderedDict, collections.defaultdict, collections.Counter)):
+                inner = self.repr_dict(x, level)
+                return f"{t.__name__}({inner})"
+            return super().repr1(x, level)
+        if isinstance(x, types.CodeType):
+            return f"<code {x.co_qualname}>"
+        return f"<{t.__module__}.{t.__qualname__} object>"
+
+
+def safe_repr(obj: Any, limit: int = _REPR_LIMIT, *, unsafe: bool = False) -> str:
+    """A repr of at most ``limit`` characters that never calls user code
+    (unless ``unsafe``)."""
+    text = _SafeRepr(unsafe=unsafe).repr(obj)
+    text = text.replace("\n", "\\n")
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+# ------------------------------------------------------------ finding code
+
+Locator = Callable[[str], "str | None"]
+
+
+def find_module_file(module: str, extra_paths: tuple[str, ...] = ()) -> str | None:
+    """The source file of ``module`` without importing it (or anything else)."""
+    mod = sys.modules.get(module)
+    if mod is not None:
+        path = vars(mod).get("__file__")
+        if isinstance(path, str) and path.endswith(".py") and os.path.isfile(path):
+            return path
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    for base in (*extra_paths, *sys.path):
+        base = base or os.getcwd()
+        for candidate in (
+            os.path.join(base, *parts) + ".py",
+            os.path.join(base, *parts, "__init__.py"),
+        ):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+_COMPILED: dict[tuple[str, float, int], types.CodeType | str] = {}
+
+
+def compile_file(path: str) -> types.CodeType | str:
+    """The module code of ``path`` as import would compile it, or an error text."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    key = (path, st.st_mtime, st.st_size)
+    cached = _COMPILED.get(key)
+    if cached is not None:
+        return cached
+    try:
+        with tokenize.open(path) as fh:
+            source = fh.read()
+        result: types.CodeType | str = compile(source, path, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError) as exc:
+        result = f"the current {os.path.basename(path)} does not compile: {exc}"
+    _COMPILED[key] = result
+    return result
+
+
+def _walk_code(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _walk_code(const)
+
+
+def find_code(module_code: types.CodeType, qualname: str, want: bytes | None) -> types.CodeType | None:
+    """The code object of ``qualname`` in a module (the fingerprint match if several)."""
+    found = [c for c in _walk_code(module_code) if c.co_qualname == qualname]
+    for c in found:
+        if want is not None and fingerprint(c) == want:
+            return c
+    return found[-1] if found else None
+
+
+# ------------------------------------------------------------- description
+
+
+@dataclasses.dataclass
+class Local:
+    name: str
+    kind: str  # "arg", "local", "cell", "free", "stack"
+    value: str
+    unbound: bool = False
+
+
+@dataclasses.dataclass
+class FrameInfo:
+    """One frame of the frozen call stack, ready to render."""
+
+    function: str
+    qualname: str
+    module: str | None
+    file: str | None
+    line: int | None
+    source: str | None
+    columns: tuple[int, int] | None
+    status: str  # "suspended", "not started", "finished"
+    by_reference: bool
+    fingerprint: str | None
+    code_changed: bool | None
+    notes: list[str]
+    locals: list[Local]
+    stack: list[str]
+    handling: str | None = None
+    resumes_after: str | None = None  # "await", "yield from", "yield"
+
+
+@dataclasses.dataclass
+class Awaiting:
+    kind: str  # "effect", "wait", "approval", "sleep", "checkpoint", "gather", "object"
+    text: str
+    detail: dict[str, Any]
+
+
+def _live_frame(gen: Any) -> FrameView:
+    """Read a live generator/coroutine into a FrameView (for --unsafe-repr)."""
+    from . import _records
+
+    state, offset, slots, exc, func = _frames.native().read_frame(gen, _records.NULL)
+    slots = tuple(UNBOUND if s is _records.NULL else s for s in slots)
+    exc = UNBOUND if exc is _records.NULL else exc
+    view = FrameView(func, fingerprint(_frames.code_of(gen)), 0)
+    view.record = (1, state, offset, slots, exc, gen.__name__, gen.__qualname__)
+    view.live = gen
+    return view
+
+
+def _as_frame(obj: Any) -> FrameView | None:
+    if isinstance(obj, FrameView):
+        return obj
+    if isinstance(obj, _frames.GENERATOR_TYPES) and _frames.available():
+        return _live_frame(obj)
+    return None
+
+
+def _is_internal(frame: FrameView) -> bool:
+    module = frame.module or ""
+    return module == "tcc" or module.startswith("tcc.")
+
+
+def _request_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
+    """(class name, fields) of a tcc request, stub or live."""
+    name = stub_name(obj)
+    if name is not None:
+        if not name.startswith("tcc.effects._effect."):
+            return None
+        cls = name.rpartition(".")[2]
+        fields = dict(obj._tcc_attrs())
+        args = obj._tcc_args
+        if cls == "EffectRequest" and len(args) == 3:
+            fields.update(name=args[0], args=args[1], kwargs=args[2])
+        elif cls == "GatherRequest" and len(args) == 1:
+            fields.update(requests=args[0])
+        return cls, fields
+    t = type(obj)
+    if t.__module__ == "tcc.effects._effect" and t.__name__.endswith("Request"):
+        fields = {k: getattr(obj, k, None) for k in getattr(t, "__slots__", ())}
+        return t.__name__, fields
+    return None
+
+
+def _effect_call(fields: dict[str, Any], r: Callable[[Any], str]) -> str:
+    name = str(fields.get("name", "?")).rpartition(":")[2]
+    args = fields.get("args") if isinstance(fields.get("args"), tuple) else ()
+    kwargs = fields.get("kwargs") if isinstance(fields.get("kwargs"), dict) else {}
+    parts = [r(a) for a in args] + [f"{k}={r(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+def describe_request(obj: Any, *, unsafe: bool = False) -> Awaiting | None:
+    def r(value: Any) -> str:
+        return safe_repr(value, 40, unsafe=unsafe)
+
+    info = _request_fields(obj)
+    if info is None:
+        if obj is None:
+            return None
+        return Awaiting("object", f"awaiting {safe_repr(obj, unsafe=unsafe)}", {})
+    cls, f = info
+    if cls == "EffectRequest":
+        call = _effect_call(f, r)
+        return Awaiting("effect", f"awaiting effect {call}", {"effect": f.get("name"), "call": call})
+    if cls == "GatherRequest":
+        reqs = f.get("requests") if isinstance(f.get("requests"), tuple) else ()
+        calls = []
+        for req in reqs:
+            sub = _request_fields(req)
+            calls.append(_effect_call(sub[1], r) if sub else r(req))
+        return Awaiting("gather", f"awaiting tcc.gather of {len(calls)} effects: {', '.join(calls)}",
+                        {"calls": calls})
+    if cls == "CheckpointRequest":
+        return Awaiting("checkpoint", "at an explicit tcc.checkpoint()", {})
+    if cls == "WaitRequest":
+        detail = {k: f.get(k) for k in ("name", "kind", "prompt", "wait_id", "timeout", "deadline")}
+        detail = {k: v if isinstance(v, (str, int, float, type(None))) else r(v) for k, v in detail.items()}
+        if f.get("kind") == "approval":
+            text = f"waiting for approval {r(f.get('prompt'))}"
+        else:
+            text = f"waiting for signal {r(f.get('name'))}"
+        if f.get("wait_id"):
+            text += f" (id {f['wait_id']})"
+        if isinstance(f.get("deadline"), (int, float)):
+            when = datetime.datetime.fromtimestamp(f["deadline"]).isoformat(sep=" ", timespec="seconds")
+            text += f", times out at {when}"
+        return Awaiting("approval" if f.get("kind") == "approval" else "wait", text, detail)
+    if cls == "SleepRequest":
+        until = f.get("until")
+        if isinstance(until, (int, float)):
+            when = datetime.datetime.fromtimestamp(until).isoformat(sep=" ", timespec="seconds")
+            return Awaiting("sleep", f"sleeping until {when}", {"until": until})
+        return Awaiting("sleep", "sleeping", {})
+    return Awaiting("object", f"awaiting {safe_repr(obj, unsafe=unsafe)}", {})
+
+
+def _positions(code: types.CodeType, offset: int) -> tuple[int | None, tuple[int, int] | None]:
+    if offset < 0:
+        return code.co_firstlineno, None
+    for i, pos in enumerate(code.co_positions()):
+        if i == offset:
+            line, end_line, col, end_col = pos
+            cols = (col, end_col) if line == end_line and col is not None and end_col is not None else None
+            return line, cols
+    return None, None
+
+
+def _source_line(path: str | None, line: int | None) -> str | None:
+    if not path or not line:
+        return None
+    linecache.checkcache(path)
+    text = linecache.getline(path, line)
+    return text.rstrip("\n") if text else None
+
+
+def _slot_kind(code: types.CodeType, index: int, name: str, names: list[str]) -> str:
+    if index >= len(names) - len(code.co_freevars):
+        return "free"
+    if name in code.co_cellvars:
+        return "cell"
+    nargs = code.co_argcount + code.co_kwonlyargcount
+    nargs += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)  # *args, **kwargs
+    return "arg" if index < nargs else "local"
+
+
+def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool) -> tuple[FrameInfo, types.CodeType | None]:
+    notes: list[str] = []
+    module = frame.module
+    qualname = frame.func_qualname
+    stored = frame.fingerprint
+    captured = frame.captured_code
+    current: types.CodeType | None = None
+    path: str | None = None
+    compile_problem: str | None = None
+
+    if module is not None and not (frame.live is not None and captured is not None):
+        path = locate(module)
+        if path is None and captured is not None and os.path.isfile(captured.co_filename):
+            path = captured.co_filename
+        if path is not None:
+            mod_code = compile_file(path)
+            if isinstance(mod_code, str):
+                compile_problem = mod_code
+            else:
+                current = find_code(mod_code, qualname, stored)
+    elif captured is not None:
+        path = captured.co_filename
+
+    code_changed: bool | None = None
+    if current is not None and stored is not None:
+        code_changed = fingerprint(current) != stored
+    elif frame.live is not None:
+        code_changed = False
+    elif frame.by_reference:
+        code_changed = None
+        if compile_problem:
+            notes.append(compile_problem)
+        elif path is None:
+            notes.append(f"source of module {display_module(module)!r} not found")
+        else:
+            notes.append(f"{qualname} no longer exists in {path}")
+
+    # The code whose offsets the record refers to (or the best stand-in).
+    if captured is not None and (current is None or code_changed):
+        code = captured
+        if current is None and captured.co_filename and path is None:
+            path = captured.co_filename
+        if code_changed and not frame.by_reference:
+            notes.append("source changed since the snapshot; the frame was captured by value "
+                         "and resumes with the captured code (line shown from that code)")
+    elif current is not None:
+        code = current
+        if code_changed:
+            notes.append("CODE CHANGED since the snapshot: this frame cannot resume; the line "
+                         "and names below come from the current source and may not match")
+    else:
+        code = None
+
+    offset = frame.offset
+    status = {_frames.CREATED: "not started", _frames.SUSPENDED: "suspended",
+              _frames.RUNNING: "running", _frames.FINISHED: "finished"}.get(frame.state, "unknown")
+    line: int | None = None
+    columns: tuple[int, int] | None = None
+    if code is not None:
+        if code_changed and frame.by_reference:
+            line = code.co_firstlineno
+        else:
+            line, columns = _positions(code, offset)
+        if path is None:
+            path = code.co_filename
+    source = _source_line(path, line)
+    if code_changed and frame.by_reference:
+        columns = None
+
+    slots = frame.slots
+    names = _frames.slot_names(code) if code is not None else []
+    nnames = min(len(names), len(slots))
+    locals_: list[Local] = []
+    for i in range(nnames):
+        value = slots[i]
+        name = names[i]
+        kind = _slot_kind(code, i, name, names) if code is not None else "local"
+        if isinstance(value, CellView):
+            unbound = value.contents is _EMPTY
+            shown = "<unbound>" if unbound else safe_repr(value.contents, unsafe=unsafe)
+        elif isinstance(value, types.CellType):
+            try:
+                contents = value.cell_contents
+            except ValueError:
+                unbound, shown = True, "<unbound>"
+            else:
+                unbound, shown = False, safe_repr(contents, unsafe=unsafe)
+        else:
+            unbound = value is UNBOUND
+            shown = "<unbound>" if unbound else safe_repr(value, unsafe=unsafe)
+        locals_.append(Local(name, kind, shown, unbound))
+    if code is None:
+        nnames = 0
+    stack = [safe_repr(v, 48, unsafe=unsafe) for v in slots[nnames:]]
+    if code is None and slots:
+        notes.append(f"{len(slots)} slots stored; their names are unknown without the code")
+
+    exc = frame.exc
+    handling = None if exc is UNBOUND or exc is None else safe_repr(exc, unsafe=unsafe)
+    info = FrameInfo(
+        function=frame.name,
+        qualname=frame.qualname,
+        module=module,
+        file=path,
+        line=line,
+        source=source,
+        columns=columns,
+        status=status,
+        by_reference=frame.by_reference or (frame.live is not None and "<locals>" not in qualname),
+        fingerprint=stored.hex() if stored is not None else None,
+        code_changed=code_changed,
+        notes=notes,
+        locals=locals_,
+        stack=stack,
+        handling=handling,
+    )
+    return info, code
+
+
+def _resume_kind(code: types.CodeType | None, offset: int) -> str | None:
+    """'yield', 'yield from' or 'await' for the RESUME after the YIELD_VALUE at ``offset``."""
+    if code is None or offset < 0:
+        return None
+    raw = code.co_code
+    if 2 * offset + 3 >= len(raw):
+        return None
+    return {1: "yield", 2: "yield from", 3: "await"}.get(raw[2 * offset + 3] & 3)
+
+
+def describe(root: Any, locate: Locator | None = None, *, unsafe: bool = False) -> tuple[list[FrameInfo], Awaiting | None]:
+    """Frames of the await chain under ``root`` (outermost first) and what it awaits.
+
+    ``locate(module)`` returns the source file of a module captured by
+    reference (default: :func:`find_module_file`); it must not import it.
+    tcc's own request frames (``EffectRequest.__await__`` ...) are folded into
+    the :class:`Awaiting` description.
+    """
+    locate = locate or find_module_file
+    frames: list[FrameInfo] = []
+    seen: set[int] = set()
+    obj: Any = root
+    while id(obj) not in seen:
+        seen.add(id(obj))
+        frame = _as_frame(obj)
+        if frame is None:
+            return frames, (describe_request(obj, unsafe=unsafe) if frames else None)
+        if _is_internal(frame):
+            request = next((s for s in frame.slots if _request_fields(s) is not None), None)
+            if request is not None:
+                return frames, describe_request(request, unsafe=unsafe)
+        info, code = _describe_frame(frame, locate, unsafe)
+        frames.append(info)
+        if frame.state != _frames.SUSPENDED or not frame.slots:
+            break
+        top = frame.slots[-1]
+        kind = _resume_kind(code, frame.offset) if info.code_changed is not True else None
+        info.resumes_after = kind
+        if kind in ("await", "yield from") or (kind is None and _as_frame(top) is not None):
+            obj = top
+            continue
+        break
+    return frames, None
