@@ -17,6 +17,7 @@ from .effects import gather as gather
 from .effects import resource as resource
 from .effects import sleep as sleep
 from .effects import sleep_until as sleep_until
+from .effects import spawn as spawn
 from .effects import wait_for as wait_for
 from .errors import CaptureError as CaptureError
 from .errors import CodeChangedError as CodeChangedError
@@ -44,5 +45,6 @@ __all__ = [
     "resource",
     "sleep",
     "sleep_until",
+    "spawn",
     "wait_for",
 ]

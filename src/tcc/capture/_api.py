@@ -9,7 +9,7 @@ import sys
 from typing import Any, Iterator
 
 from .. import errors
-from . import _blob, _diagnose, _frames, _records
+from . import _blob, _diagnose, _flow, _frames, _records
 from ._pickler import Pickler
 
 PROTOCOL = 5
@@ -64,6 +64,10 @@ def _check_record(gen: Any, record: Any) -> tuple[tuple[Any, ...], str, str]:
     args = (gen, code, state, offset, slots, exc, _records.NULL)
     try:
         _frames.native().check_frame(*args)
+        # The native check bounds the stack; the flow analysis pins its exact
+        # depth and where a NULL may legally sit, so that no record -- however
+        # it was made -- can make the interpreter read a NULL it trusts.
+        _flow.check_record_shape(code, offset, slots, _records.NULL)
     except (TypeError, ValueError, OverflowError) as exc_:
         raise errors.CorruptSnapshotError(f"invalid frame record for {where}: {exc_}") from None
     return args, name, qualname

@@ -245,11 +245,11 @@ class FinishedView(View):
 
 # ------------------------------------------------------------------- stubs
 
-_SCRIPT_MODULE = re.compile(r"^__tcc_script_(.+)_[0-9a-f]{8}$")
+_SCRIPT_MODULE = re.compile(r"^__tcc_script_(.+?)(?:_[0-9a-f]{8})?$")
 
 
 def display_module(module: str | None) -> str:
-    """``__tcc_script_agent_1a2b3c4d`` -> ``agent``; other names unchanged."""
+    """``__tcc_script_agent`` (or ``..._1a2b3c4d``) -> ``agent``; others unchanged."""
     if not module:
         return ""
     m = _SCRIPT_MODULE.match(module)
@@ -390,6 +390,20 @@ def _fill_cell(cell: Any, state: Any) -> None:
         cell.contents = state[0]
 
 
+def _make_exception(cls: Any, args: Any = ()) -> Any:
+    args = tuple(args) if isinstance(args, tuple) else (args,)
+    if _is_builtin_exception(cls):
+        try:
+            exc = cls.__new__(cls, *args)
+            exc.args = args
+            return exc
+        except Exception:  # noqa: BLE001 - odd arguments: fall back to a stub
+            pass
+    if isinstance(cls, StubMeta):
+        return cls(*args)
+    return stub_class("", _class_label(cls))(*args)
+
+
 def _fill_exception(exc: Any, state: Any) -> None:
     try:
         own, cause, context, suppress = state
@@ -417,6 +431,7 @@ _RECORDS: dict[str, Any] = {
     "empty_cell": _empty_cell,
     "fill_cell": _fill_cell,
     "fill_exception": _fill_exception,
+    "make_exception": _make_exception,
     "NULL": UNBOUND,
 }
 
@@ -679,6 +694,8 @@ class _SafeRepr(reprlib.Repr):
             return super().repr1(x, level)
         if isinstance(x, types.CodeType):
             return f"<code {x.co_qualname}>"
+        if t is type:  # a real class: only allowlisted ones get here
+            return f"<class {_class_label(x).removeprefix('builtins.')}>"
         return f"<{t.__module__}.{t.__qualname__} object>"
 
 
@@ -788,6 +805,7 @@ class FrameInfo:
     stack: list[str]
     handling: str | None = None
     resumes_after: str | None = None  # "await", "yield from", "yield"
+    awaits: str | None = None  # qualname of the frame it awaits (the next one)
 
 
 @dataclasses.dataclass
@@ -974,8 +992,8 @@ def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool) -> tuple[Fr
     elif current is not None:
         code = current
         if code_changed:
-            notes.append("CODE CHANGED since the snapshot: this frame cannot resume; the line "
-                         "and names below come from the current source and may not match")
+            notes.append("this frame cannot resume with the current code; the line and the "
+                         "variable names shown come from the current source and may not match")
     else:
         code = None
 
@@ -1084,6 +1102,10 @@ def describe(root: Any, locate: Locator | None = None, *, unsafe: bool = False) 
         kind = _resume_kind(code, frame.offset) if info.code_changed is not True else None
         info.resumes_after = kind
         if kind in ("await", "yield from") or (kind is None and _as_frame(top) is not None):
+            if info.stack:
+                info.stack.pop()  # the delegate: shown as the next frame
+            delegate = _as_frame(top)
+            info.awaits = delegate.qualname if delegate is not None else info.awaits
             obj = top
             continue
         break

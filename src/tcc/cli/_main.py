@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="ownership lease, renewed while the run is alive (default: 30)")
     run.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                      help="at a tcc.wait_for/approval, wait this long in-process before parking")
+    run.add_argument("--verify", metavar="FUNC",
+                     help="check the result with FUNC(result) before completing (default: the "
+                          "script's verify() if it has one); a failed check leaves the run unverified")
     run.add_argument("script", metavar="SCRIPT[:FUNC]", help="the agent script and its async entry (main)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to FUNC as strings")
     run.set_defaults(handler=_cmd_run)
@@ -156,7 +159,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         outcome = runtime.start(
             store, args.script, args.args, run_id=args.run_id, strategy=strategy,
             checkpoint_every=every, lease=args.lease,
-            progress=_render.progress_printer(), wait_seconds=args.wait,
+            progress=_render.progress_printer(), wait_seconds=args.wait, verify=args.verify,
             on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
         )
         return _render.outcome(outcome, as_json=args.json)

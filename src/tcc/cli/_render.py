@@ -75,6 +75,8 @@ def outcome(out: Any, *, as_json: bool) -> int:
         else:
             print(f"waiting for signal {info.get('name')!r} -- send it with "
                   f"`tcc signal {out.run_id} {info.get('name')} --value JSON`, then `tcc resume {out.run_id}`")
+    elif out.status == "unverified":
+        print(f"unverified: {json.dumps(_jsonable(out.result))} -- {out.error}", file=sys.stderr)
     elif out.status == "stopped":
         print(f"stopped after its last commit (SIGTERM); `tcc resume {out.run_id}` continues it")
     elif out.status == "sleeping":
@@ -82,7 +84,7 @@ def outcome(out: Any, *, as_json: bool) -> int:
         print(f"sleeping until {_when(until)} -- `tcc resume {out.run_id}` after that (or run `tcc worker`)")
     else:
         print(f"failed: {out.error}", file=sys.stderr)
-    return 1 if out.status == "failed" else 0
+    return 1 if out.status in ("failed", "unverified") else 0
 
 
 def _jsonable(value: Any) -> Any:
@@ -147,6 +149,8 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "created": run.created,
         "updated": run.updated,
         "waits": pending_waits(store, run_id),
+        "children": [dict(e.data)["child"] for e in events if e.kind == "spawned"],
+        "parent": next((dict(e.data).get("parent") for e in events if e.kind == "started"), None),
         "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size} for s in snapshots],
         "events": [{"kind": e.kind, "time": e.time, **dict(e.data)} for e in events],
     }
@@ -163,6 +167,8 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         print(f"  result     {json.dumps(doc['result'])}")
     if doc["error"]:
         print(f"  error      {doc['error']}")
+    for child in doc["children"]:
+        print(f"  child      {child}")
     for w in doc["waits"]:
         what = f"approval {w.get('prompt')!r}" if w.get("kind") == "approval" else f"signal {w.get('name')!r}"
         print(f"  waiting    {what} (id {w['id']}, signal {w['signal']})")

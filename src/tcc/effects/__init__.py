@@ -7,6 +7,8 @@ from ._effect import Effect as Effect
 from ._effect import EffectRequest as EffectRequest
 from ._effect import GatherRequest as GatherRequest
 from ._effect import SleepRequest as SleepRequest
+from ._effect import SpawnRequest as SpawnRequest
+from ._effect import spawn as spawn
 from ._effect import WaitRequest as WaitRequest
 from ._effect import approval as approval
 from ._effect import sleep as sleep
@@ -27,6 +29,7 @@ __all__ = [
     "GatherRequest",
     "Resource",
     "SleepRequest",
+    "SpawnRequest",
     "WaitRequest",
     "approval",
     "checkpoint",
@@ -37,5 +40,6 @@ __all__ = [
     "resource",
     "sleep",
     "sleep_until",
+    "spawn",
     "wait_for",
 ]

@@ -123,6 +123,22 @@ class SleepRequest:
             setattr(self, k, v)
 
 
+class SpawnRequest:
+    """``await tcc.spawn(fn, *args)``: run ``fn`` as a child run and return its result."""
+
+    __slots__ = ("func", "args")
+
+    def __init__(self, func: str, args: tuple[Any, ...]) -> None:
+        self.func = func
+        self.args = args
+
+    def __await__(self) -> Any:
+        return (yield self)
+
+    def __reduce__(self) -> Any:
+        return (SpawnRequest, (self.func, self.args))
+
+
 class Effect:
     """A function whose calls are journaled and run once per call."""
 
@@ -254,6 +270,26 @@ def _check_name(name: str) -> None:
         raise ValueError(
             f"invalid signal name {name!r}: use 1-100 characters from A-Z a-z 0-9 . _ : + = -"
         )
+
+
+def spawn(fn: Callable[..., Any], *args: Any) -> SpawnRequest:
+    """``result = await tcc.spawn(fn, *args)``: a child run with its own journal and snapshots.
+
+    ``fn`` is an ``async def`` (or plain ``def``) at the top level of the agent's
+    script; ``args`` must be JSON values.  The child's id is derived from the
+    parent's, so a parent that resumes after a crash re-attaches to the child
+    instead of starting it twice.
+    """
+    name = getattr(fn, "__name__", None)
+    if not callable(fn) or not name or getattr(fn, "__qualname__", name) != name:
+        raise TypeError(f"tcc.spawn() needs a top-level function of the script, not {fn!r}")
+    import json
+
+    try:
+        json.dumps(args)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"tcc.spawn() arguments must be JSON values: {exc}") from None
+    return _switch_if_sync(SpawnRequest(name, tuple(args)))
 
 
 def checkpoint() -> CheckpointRequest:

@@ -44,6 +44,7 @@ from ..effects._effect import (
     EffectRequest,
     GatherRequest,
     SleepRequest,
+    SpawnRequest,
     WaitRequest,
     lookup,
 )
@@ -53,6 +54,7 @@ STATE_TAG = "tcc-run-state"
 STATE_VERSION = 2
 WAIT_EFFECT = "tcc:wait"
 SLEEP_EFFECT = "tcc:sleep"
+SPAWN_EFFECT = "tcc:spawn"
 # ("send", value), ("throw", exception), or ("request", request): a wait or
 # sleep the run parked on, handled again when it resumes.
 Pending = tuple[str, Any]
@@ -171,6 +173,8 @@ class Driver:
         progress: Callable[[str, "Driver"], None] | None = None,
         wait_seconds: float = 0.0,
         sleep_inline: float | None = None,
+        verify: Callable[[Any], Any] | None = None,
+        spawner: Callable[[str, str, tuple[Any, ...]], Pending] | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be >= 1")
@@ -186,6 +190,8 @@ class Driver:
             sleep_inline = float(os.environ.get("TCC_SLEEP_INLINE", "5"))
         self.sleep_inline = sleep_inline
         self.waits: dict[str, int] = {}
+        self.verify = verify
+        self.spawner = spawner
         self.effects = 0
         self.checkpoints = 0
         self.replayed = 0
@@ -271,6 +277,8 @@ class Driver:
             return self._wait(coro, request)
         if isinstance(request, SleepRequest):
             return self._sleep(coro, request)
+        if isinstance(request, SpawnRequest):
+            return self._spawn(coro, request)
         if request is None:  # a bare `yield` / asyncio.sleep(0): just continue
             return ("send", None)
         return (
@@ -532,6 +540,21 @@ class Driver:
         self._record_marker(coro, outcome, req.intent_seq)
         return outcome
 
+    def _spawn(self, coro: Any, req: SpawnRequest) -> Pending:
+        key, seq, outcome, recorded = self._journaled_marker(SPAWN_EFFECT, (req.func, req.args))
+        if outcome is not None:
+            return outcome
+        func, args = recorded
+        child_id = f"{self.run_id}.{key.rpartition(':')[2]}"
+        if self.spawner is None:
+            outcome = ("throw", RuntimeError("tcc.spawn() is only available in a run started by tcc"))
+        else:
+            outcome = self.spawner(child_id, func, tuple(args))
+        assert seq is not None
+        self.effects += 1
+        self._record_marker(coro, outcome, seq)
+        return outcome
+
     def _record_marker(self, coro: Any, outcome: Pending, intent_seq: int, consume: str | None = None) -> None:
         completion = self._completion(intent_seq, outcome, 0.0)
         if self.snapshots:
@@ -593,12 +616,35 @@ class Driver:
 
     def _finish(self, status: str, *, result: Any = None, exc: BaseException | None = None) -> Outcome:
         if status == "completed":
+            if self.verify is not None:
+                ok, evidence = self._verify(result)
+                self.store.add_event(self.run_id, "verified" if ok else "verification_failed",
+                                     {"evidence": evidence})
+                if not ok:
+                    self.store.set_status(self.run_id, self.epoch, "unverified", result=encode_result(result),
+                                          error=json.dumps({"type": "verify", "message": evidence}).encode())
+                    return Outcome(self.run_id, "unverified", result, f"verify: {evidence}", self.effects,
+                                   self.checkpoints, self.replayed)
             self.store.set_status(self.run_id, self.epoch, "completed", result=encode_result(result))
             return Outcome(self.run_id, "completed", result, None, self.effects, self.checkpoints, self.replayed)
         assert exc is not None
         self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(exc))
         message = f"{type(exc).__name__}: {exc}"
         return Outcome(self.run_id, "failed", None, message, self.effects, self.checkpoints, self.replayed)
+
+    def _verify(self, result: Any) -> tuple[bool, str]:
+        """Run the script's ``verify(result)``: True/None passes, False or an exception fails."""
+        assert self.verify is not None
+        try:
+            value = self.verify(result)
+            if inspect.isawaitable(value):
+                assert self._loop is not None
+                value = self._loop.run_until_complete(value)
+        except Exception as exc:  # the check itself failed: that is the evidence
+            return False, f"{type(exc).__name__}: {exc}"
+        if value is False:
+            return False, "verify() returned False"
+        return True, "verify() passed" if value in (True, None) else f"verify() returned {value!r}"
 
     def _heartbeat(self) -> None:
         while not self._stop_heartbeat.wait(self.lease / 3):

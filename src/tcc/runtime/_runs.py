@@ -11,7 +11,7 @@ from .. import errors
 from ..capture import load_payload, native_available, unseal
 from ..store import RunInfo, Store
 from . import _scripts
-from ._driver import STATE_TAG, Driver, Outcome, logged_calls
+from ._driver import STATE_TAG, Driver, Outcome, _Parked, logged_calls
 
 STRATEGIES = ("continuation", "replay", "hybrid")
 
@@ -68,6 +68,64 @@ def effective_strategy(strategy: str) -> tuple[str, str | None]:
     return strategy, None
 
 
+def _verify_func(entry: str, verify: str | None) -> Any:
+    """The run's verify check: ``--verify FUNC``, else the script's ``verify`` if any."""
+    path, _func = _scripts.split_entry(entry)
+    module = _scripts.load_script(path)
+    if verify:
+        func = getattr(module, verify, None)
+        if not callable(func):
+            raise errors.UsageError(f"{path} has no function {verify!r} to verify results with")
+        return func
+    func = getattr(module, "verify", None)
+    return func if callable(func) else None
+
+
+def _verify_name(store: Store, run_id: str) -> str | None:
+    for event in store.events(run_id):
+        if event.kind == "started":
+            return dict(event.data).get("verify")
+    return None
+
+
+def _decode_child(run: RunInfo) -> tuple[str, Any]:
+    if run.status in ("completed", "unverified"):
+        doc = json.loads(run.result or b"{}")
+        return ("send", doc["value"] if "value" in doc else doc.get("repr"))
+    message = json.loads(run.error or b"{}").get("message", run.status)
+    return ("throw", errors.RunFailedError(f"child run {run.run_id} {run.status}: {message}"))
+
+
+def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every: int, lease: float,
+                 progress: Progress | None, wait_seconds: float, verify: Any) -> Driver:
+    path, _func = _scripts.split_entry(run.entry)
+
+    def spawner(child_id: str, func: str, args: tuple[Any, ...]) -> tuple[str, Any]:
+        try:
+            child = store.get_run(child_id)
+        except errors.RunNotFoundError:
+            child = None
+        if child is not None and child.status in ("completed", "unverified", "failed", "cancelled"):
+            return _decode_child(child)
+        if child is None:
+            outcome = start(store, f"{path}:{func}", args, run_id=child_id, strategy=strategy,
+                            checkpoint_every=checkpoint_every, lease=lease, wait_seconds=wait_seconds,
+                            parent=run.run_id)
+        else:  # re-attach to a child that a crash interrupted
+            outcome = resume(store, child_id, lease=lease, wait_seconds=wait_seconds)
+        if outcome.status in ("waiting", "sleeping"):
+            store.add_event(run.run_id, "parked", {"status": "waiting", "child": child_id})
+            store.set_status(run.run_id, run.epoch, "waiting")
+            raise _Parked("waiting", {"child": child_id, "child_status": outcome.status})
+        return _decode_child(store.get_run(child_id))
+
+    return Driver(
+        store, run.run_id, run.epoch, snapshots=strategy != "replay",
+        checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
+        verify=verify, spawner=spawner,
+    )
+
+
 def start(
     store: Store,
     script: str,
@@ -80,6 +138,8 @@ def start(
     progress: Progress | None = None,
     on_created: Callable[[RunInfo], None] | None = None,
     wait_seconds: float = 0.0,
+    verify: str | None = None,
+    parent: str | None = None,
 ) -> Outcome:
     """Create a run of ``script`` (``path[:func]``) and drive it to the end.
 
@@ -90,6 +150,7 @@ def start(
     """
     entry = _entry(script)
     func = _scripts.resolve(entry)  # usage errors before anything is stored
+    check = _verify_func(entry, verify) if parent is None or verify else None
     if is_sync(func):
         strategy = "replay"
     strategy, _notice = effective_strategy(strategy)
@@ -99,12 +160,16 @@ def start(
     )
     if on_created is not None:
         on_created(run)
-    store.add_event(run.run_id, "started", {"pid": os.getpid(), "strategy": strategy})
+    info: dict[str, Any] = {"pid": os.getpid(), "strategy": strategy}
+    if check is not None:
+        info["verify"] = check.__name__
+    if parent is not None:
+        info["parent"] = parent
+        store.add_event(parent, "spawned", {"child": run.run_id, "entry": entry})
+    store.add_event(run.run_id, "started", info)
     coro = _make_coroutine(func, args, entry, run.run_id)
-    driver = Driver(
-        store, run.run_id, run.epoch, snapshots=strategy != "replay",
-        checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
-    )
+    driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
+                          progress=progress, wait_seconds=wait_seconds, verify=check)
     return driver.drive(coro)
 
 
@@ -160,8 +225,8 @@ def resume(
     replay = logged_calls(store.journal(run_id, start_seq))
     if run.status != "running":  # only once the state loaded: a refusal changes nothing
         run = store.set_status(run_id, run.epoch, "running")
-    driver = Driver(
-        store, run_id, run.epoch, snapshots=strategy != "replay",
-        checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
-    )
+    verify_name = _verify_name(store, run_id)
+    check = _verify_func(run.entry, verify_name) if verify_name else None
+    driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
+                          progress=progress, wait_seconds=wait_seconds, verify=check)
     return driver.drive(coro, pending, calls=calls, replay=replay, waits=waits)

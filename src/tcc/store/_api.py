@@ -32,12 +32,13 @@ __all__ = [
     "Store",
 ]
 
-RunStatus = Literal["running", "waiting", "sleeping", "completed", "failed", "cancelled"]
+RunStatus = Literal["running", "waiting", "sleeping", "completed", "unverified", "failed", "cancelled"]
 RUN_STATUSES: tuple[str, ...] = (
     "running",
     "waiting",
     "sleeping",
     "completed",
+    "unverified",  # finished, but its verify check did not pass
     "failed",
     "cancelled",
 )

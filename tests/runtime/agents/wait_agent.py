@@ -9,6 +9,8 @@ LEDGER = os.environ.get("LEDGER")
 
 @tcc.effect
 def act(what):
+    if os.environ.get("DIE_AT") == what:
+        os.kill(os.getpid(), 9)
     if LEDGER:
         with open(LEDGER, "a") as fh:
             fh.write(f"{tcc.current().idempotency_key} {what}\n")
@@ -66,3 +68,26 @@ def sync_main(n="4"):
         os.kill(os.getpid(), 9)
     out.append(act("after"))
     return out
+
+
+async def child_task(label, steps):
+    got = []
+    for i in range(steps):
+        got.append(await act(f"{label} {i}"))
+    return got
+
+
+async def parent():
+    first = await act("parent start")
+    kids = await tcc.spawn(child_task, "kid", 3)
+    return [first, kids, await act("parent end")]
+
+
+async def checked(value="ok"):
+    return await act(value)
+
+
+async def verify(result):
+    if "bad" in result:
+        raise AssertionError(f"result {result!r} failed the check")
+    return True

@@ -1,0 +1,49 @@
+"""Child runs (`tcc.spawn`) and verified completion."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import AGENTS, Cli
+
+WAIT = str(AGENTS / "wait_agent.py")
+
+
+def test_child_run_has_its_own_journal_and_is_listed(tmp_path):
+    """tcc.spawn runs a child run with its own id and journal; the parent lists it."""
+    cli = Cli(tmp_path)
+    doc = json.loads(cli.run("run", "--json", "--run-id", "p", f"{WAIT}:parent", check=True).stdout)
+    assert doc["result"] == ["did parent start", ["did kid 0", "did kid 1", "did kid 2"], "did parent end"]
+    parent = cli.show("p")
+    assert parent["children"] == ["p.2"]
+    child = cli.show("p.2")
+    assert child["status"] == "completed" and child["parent"] == "p" and child["effects"] == 3
+
+
+def test_child_survives_a_parent_crash_without_starting_twice(tmp_path):
+    """SIGKILL inside the child: resuming the parent re-attaches to the child, which is not restarted."""
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DIE_AT="kid 1")
+    died = cli.run("run", "--run-id", "q", f"{WAIT}:parent")
+    assert died.returncode == -9
+    healthy = Cli(tmp_path, LEDGER=str(ledger))
+    healthy.env.pop("DIE_AT", None)
+    doc = json.loads(healthy.run("resume", "--json", "q", check=True).stdout)
+    assert doc["result"] == ["did parent start", ["did kid 0", "did kid 1", "did kid 2"], "did parent end"]
+    lines = [line.split(" ", 1)[1] for line in ledger.read_text().splitlines()]
+    assert lines.count("kid 0") == 1 and lines.count("parent start") == 1
+    assert cli.show("q")["children"] == ["q.2"]  # one child, attached once
+
+
+def test_verify_passes_or_leaves_the_run_unverified(tmp_path):
+    """A script's verify() decides between completed and unverified, with the evidence recorded."""
+    cli = Cli(tmp_path)
+    ok = json.loads(cli.run("run", "--json", "--run-id", "v1", f"{WAIT}:checked", "fine", check=True).stdout)
+    assert ok["status"] == "completed"
+    bad = cli.run("run", "--json", "--run-id", "v2", f"{WAIT}:checked", "bad")
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["status"] == "unverified"
+    shown = cli.show("v2")
+    assert shown["status"] == "unverified" and shown["result"] == "did bad"
+    assert "failed the check" in shown["error"]
+    assert any(e["kind"] == "verification_failed" for e in shown["events"])
