@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     fork.add_argument("--run-id", dest="new_run_id", help="id for the new run")
     fork.set_defaults(handler=_cmd_fork)
 
+    insp = sub.add_parser("inspect", help="show a snapshot's frozen call stack and locals (runs no user code)")
+    _common(insp)
+    insp.add_argument("run_id", metavar="RUN_ID")
+    insp.add_argument("--at", type=int, default=None, metavar="N", help="snapshot number (default: newest)")
+    insp.add_argument("--unsafe-repr", action="store_true",
+                      help="import the script and use the objects' own __repr__ (runs user code)")
+    insp.set_defaults(handler=_cmd_inspect)
+
     worker = sub.add_parser("worker", help="supervise the store: resume dead, due and signalled runs")
     _common(worker)
     worker.add_argument("--concurrency", type=int, default=4, metavar="N", help="runs at once (default 4)")
@@ -238,6 +246,14 @@ def _cmd_fork(args: argparse.Namespace) -> int:
         print(json.dumps({"id": child.run_id, "parent": args.run_id}))
     else:
         print(child.run_id)
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from ._inspect import inspect_command
+
+    with _open(args, create=False) as store:
+        print(inspect_command(store, args.run_id, args.at, args.json, args.unsafe_repr))
     return 0
 
 

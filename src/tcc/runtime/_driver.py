@@ -49,6 +49,7 @@ from ..effects._effect import (
     lookup,
 )
 from ..store import Completion, JournalRecord, Store
+from ._trace import Tracer
 
 STATE_TAG = "tcc-run-state"
 STATE_VERSION = 2
@@ -192,6 +193,7 @@ class Driver:
         self.waits: dict[str, int] = {}
         self.verify = verify
         self.spawner = spawner
+        self.tracer = Tracer(store, run_id)
         self.effects = 0
         self.checkpoints = 0
         self.replayed = 0
@@ -221,6 +223,8 @@ class Driver:
         heartbeat = threading.Thread(target=self._heartbeat, name="tcc-lease", daemon=True)
         heartbeat.start()
         self._loop = asyncio.new_event_loop()
+        segment = self.tracer.run({"tcc.resumed": bool(calls), "tcc.replaying": replaying})
+        segment.__enter__()
         try:
             while True:
                 if STOP.is_set():
@@ -247,6 +251,7 @@ class Driver:
                     replaying = False
                     self._caught_up(coro, pending)
         finally:
+            segment.__exit__(None, None, None)
             if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                 coro.close()  # never started: closing runs no user code
             self._stop_heartbeat.set()
@@ -422,10 +427,14 @@ class Driver:
             )
             self.last_effect = effect.name
             t0 = time.perf_counter()
-            try:
-                outcome: Pending = ("send", self._run_sync_or_async(effect.fn, args, kwargs, effect, key, attempt))
-            except Exception as exc:  # recorded and thrown into the agent
-                outcome = ("throw", exc)
+            with self.tracer.span("tcc.effect", {"tcc.effect": effect.name, "tcc.idempotency_key": key,
+                                                 "tcc.attempt": attempt}) as span:
+                try:
+                    outcome: Pending = ("send", self._run_sync_or_async(effect.fn, args, kwargs, effect, key, attempt))
+                except Exception as exc:  # recorded and thrown into the agent
+                    outcome = ("throw", exc)
+                    if span is not None:
+                        span.set_attribute("tcc.error", f"{type(exc).__name__}: {exc}")
             completion = self._completion(seq, outcome, time.perf_counter() - t0)
             if outcome[0] == "send" or attempt > effect.retries:
                 return outcome, completion
@@ -606,8 +615,12 @@ class Driver:
             message = f"checkpoint failed, the previous snapshot is kept: {exc}"
             self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(errors.CaptureError(message)))
             raise errors.RunFailedError(message) from exc
-        self.store.checkpoint(self.run_id, self.epoch, payload, completion=completion,
-                              consume_signal=consume_signal)
+        with self.tracer.span("tcc.checkpoint", {"tcc.bytes": len(payload)}) as span:
+            t0 = time.perf_counter()
+            self.store.checkpoint(self.run_id, self.epoch, payload, completion=completion,
+                                  consume_signal=consume_signal)
+            if span is not None:
+                span.set_attribute("tcc.duration_ms", (time.perf_counter() - t0) * 1e3)
         self.checkpoints += 1
         self._since_snapshot = 0
         self._tick("checkpoint")
