@@ -49,9 +49,9 @@ PROFILES = {
     "quick": {"sizes": [10, 100, 1000], "repeats": 3, "regimes": ["const", "grow", "work"],
               "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
               "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000]},
-    "full": {"sizes": [10, 100, 1000, 10000], "repeats": 5, "regimes": ["const", "grow", "work"],
+    "full": {"sizes": [10, 100, 1000, 10000], "repeats": 3, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
-             "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [100, 1000, 10000]},
+             "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000, 10000]},
 }
 WORK_MS = 0.5
 HYBRID_K = 16
@@ -245,29 +245,46 @@ def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -
 
 def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[dict[str, Any]],
                log: Any, mtbf_s: float = 3600.0) -> dict[str, Any]:
-    """Compare sqrt(2*C*MTBF) with a measured sweep of the hybrid interval K."""
+    """Compare sqrt(2*C*MTBF) with a measured sweep of the hybrid interval K.
+
+    For each K: the per-step time of an in-process run with a snapshot every
+    K effects (regime ``work``), and the in-process recovery time after a
+    crash in the middle of a snapshot interval.  The expected overhead per
+    unit of work is (step_K - step_journal_only) / step_journal_only +
+    recovery_K / MTBF; Young-Daly predicts its minimum at sqrt(2*C*MTBF).
+    """
+    from tcc import runtime
+    from tcc.store import open_store
+
+    n = max(profile["k_sweep"]) * 2 + 2
+    iters = str(work_iters())
+
+    def per_step(strategy: str, k: int) -> float:
+        folder = work / f"yd-run-{strategy}-{k}"
+        with open_store(folder) as st:
+            t0 = time.perf_counter()
+            runtime.start(st, AGENT, [str(n), "const", iters], strategy=strategy, checkpoint_every=k)
+            elapsed = (time.perf_counter() - t0) / n
+        shutil.rmtree(folder, ignore_errors=True)
+        return elapsed
+
+    base = median([per_step("replay", 1) for _ in range(profile["repeats"])])
     sweep = []
     for k in profile["k_sweep"]:
-        n = max(profile["k_sweep"]) * 2 + 2
-        kill_at = (n // k) * k - (k // 2) - 1 if k > 1 else n - 1  # mid-interval crash
-        kill_at = max(1, min(n - 1, kill_at))
+        step_k = median([per_step("hybrid", k) for _ in range(profile["repeats"])])
+        kill_at = max(1, min(n - 1, (n // k) * k - (k // 2) - 1 if k > 1 else n - 1))
         built = build_crashed_run(work, "hybrid", n, "work", k=k, kill_at=kill_at)
         rec = [in_process(built["store"], work) for _ in range(profile["repeats"])]
-        sweep.append({"k": k, "n": n, "kill_at": kill_at, "build_step_s": built["build_s"] / kill_at,
-                      "recovery_s": rec})
         shutil.rmtree(built["store"], ignore_errors=True)
-    step_s = min(r["build_step_s"] for r in sweep)
-    # C: the measured checkpoint overhead per snapshot for a small state (the
-    # sweep's own step times are too noisy at small N to difference).
-    checkpoint_s = max(0.0, overhead_rows[0]["checkpoint_overhead_s"]) if overhead_rows else 0.0
-    k_opt = (2 * checkpoint_s * mtbf_s) ** 0.5 / step_s if step_s else float("nan")
-    for r in sweep:
-        # expected overhead per second of work: checkpoint share + recovery per failure
-        r["expected_overhead"] = (r["build_step_s"] - step_s) / step_s + median(r["recovery_s"]) / mtbf_s
+        overhead = max(0.0, step_k - base) / base + median(rec) / mtbf_s
+        sweep.append({"k": k, "n": n, "kill_at": kill_at, "step_s": step_k, "recovery_s": rec,
+                      "expected_overhead": overhead})
+    checkpoint_s = max(0.0, sweep[0]["step_s"] - base)  # K = 1: one snapshot per step
+    k_opt = (2 * checkpoint_s * mtbf_s) ** 0.5 / base if base else float("nan")
     best = min(sweep, key=lambda r: r["expected_overhead"])
-    log(f"young-daly: C={checkpoint_s * 1e3:.3f} ms, step={step_s * 1e3:.3f} ms, MTBF={mtbf_s:.0f} s "
+    log(f"young-daly: C={checkpoint_s * 1e3:.3f} ms, step={base * 1e3:.3f} ms, MTBF={mtbf_s:.0f} s "
         f"-> K_opt={k_opt:.1f}; best measured K={best['k']}")
-    return {"mtbf_s": mtbf_s, "checkpoint_s": checkpoint_s, "step_s": step_s, "k_opt": k_opt,
+    return {"mtbf_s": mtbf_s, "checkpoint_s": checkpoint_s, "step_s": base, "k_opt": k_opt,
             "best_measured_k": best["k"], "sweep": sweep}
 
 

@@ -119,7 +119,7 @@ def young_daly_table(raw: dict[str, Any]) -> list[str]:
     ]
     for r in yd["sweep"]:
         lines.append(
-            f"| {r['k']} | {ms(r['build_step_s'])} | {ms(med(r['recovery_s']))} | {r['expected_overhead']:.4f} |"
+            f"| {r['k']} | {ms(r['step_s'])} | {ms(med(r['recovery_s']))} | {r['expected_overhead']:.4f} |"
         )
     return lines
 
