@@ -227,7 +227,8 @@ class LmdbStore(Maintenance):
         def op(txn: Any) -> list[JournalRecord]:
             self._load_run(txn, rid)
             out = []
-            for key, value in iter_prefix(txn, self._dbs["journal"], seq_key(self._t, rid, start)[:-8]):
+            first = seq_key(self._t, rid, max(0, start))
+            for key, value in iter_prefix(txn, self._dbs["journal"], first[:-8], first):
                 seq = int.from_bytes(key[-8:], "big")
                 if seq < start:
                     continue

@@ -69,10 +69,15 @@ def next_chunk_id(txn: Any, db: Any) -> int:
     return int.from_bytes(cur.key()[:8], "big") + 1 if cur.last() else 1
 
 
-def iter_prefix(txn: Any, db: Any, pfx: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """All (key, value) pairs of ``db`` whose key starts with ``pfx``, in key order."""
+def iter_prefix(txn: Any, db: Any, pfx: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """All (key, value) pairs of ``db`` whose key starts with ``pfx``, in key order.
+
+    ``start`` (a key with that prefix) skips straight to it: reading the tail of
+    a long journal costs the tail, not the whole journal.
+    """
     cur = txn.cursor(db=db)
-    if not (cur.set_range(pfx) if pfx else cur.first()):
+    first = start if start is not None else pfx
+    if not (cur.set_range(first) if first else cur.first()):
         return
     for key, value in cur:
         if not key.startswith(pfx):
