@@ -1,7 +1,8 @@
 """The N-step benchmark agent, shared by every strategy (and mirrored by the peers).
 
-Step ``i`` calls the effect ``bench:step`` which returns ``f"out-{i}"``.
-Between steps the agent may do ``work_iters`` rounds of SHA-256 (prompt
+Step ``i`` calls the effect ``bench:step`` which returns ``f"out-{i}"``
+(the contract in ``benchmarks/peers/__init__.py``, which DBOS and LangGraph
+follow too).  Between steps the agent may do ``work_iters`` rounds of SHA-256 (prompt
 building, parsing; calibrated by the harness to ~0.5 ms) and keeps either a constant small state or a transcript that grows
 by ~1 KiB per step.  The result is ``{"n": n, "digest": sha256("|".join(outputs)).hexdigest()[:16]}``.
 
@@ -58,16 +59,24 @@ def digest(outputs: list[str]) -> str:
 
 
 async def main(n: str = "10", regime: str = "const", work_iters: str = "0") -> dict[str, Any]:
+    """The peers' contract (benchmarks/peers/__init__.py), step for step."""
     steps, work = int(n), int(work_iters)
-    outputs: list[str] = []
+    ok, done, last = True, 0, ""
     transcript: list[str] = []
     state_bytes = int(regime.split(":")[1]) if regime.startswith("size:") else 0
     blob = [f"{j:08d}" * 16 for j in range(state_bytes // 128)]  # constant state of that size
     for i in range(steps):
         busy_work(work)
         out = await step(i)
-        outputs.append(out)
+        ok = ok and done == i and out == f"out-{i}"
+        done, last = i + 1, out
         if regime == "grow":
-            transcript.append(out.ljust(1024, "."))
-    del blob, transcript
+            transcript.append(f"{out} [turn {i}] ".ljust(1024, "."))
+    del blob, last
+    if regime == "grow":
+        outputs = [entry.split(" ", 1)[0] for entry in transcript]
+    else:  # constant state: each output was checked on arrival
+        outputs = [f"out-{k}" for k in range(done)]
+    if not ok or done != steps:
+        return {"n": done, "digest": "MISMATCH"}
     return {"n": steps, "digest": digest(outputs)}

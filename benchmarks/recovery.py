@@ -379,9 +379,16 @@ def check(raw: dict[str, Any]) -> list[str]:
             problems.append(f"missing strategies for {regime} N={n}: {sorted(results)}")
         if len({json.dumps(r, sort_keys=True) for r in results.values()}) != 1:
             problems.append(f"strategies disagree for {regime} N={n}: {results}")
+    from benchmarks.peers._agent import expected_result
+
+    for row in raw["recovery"]:
+        if row["result"] != expected_result(row["n"]):
+            problems.append(f"{row['strategy']} {row['regime']} N={row['n']} returned {row['result']}")
     for row in raw["peers"]:
         if not row.get("in_process_s") or not row.get("whole_process_s"):
             problems.append(f"peer {row.get('peer')} produced no numbers at N={row.get('n')}")
+        elif "final_result" in row and row["final_result"] != expected_result(row["n"]):
+            problems.append(f"peer {row.get('peer')} N={row['n']} returned {row['final_result']}")
     return problems
 
 
