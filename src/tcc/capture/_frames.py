@@ -19,7 +19,7 @@ _IMPORT_ERROR: str | None = None
 try:
     if os.environ.get("TCC_DISABLE_NATIVE", "") not in ("", "0"):
         raise ImportError("disabled by TCC_DISABLE_NATIVE")
-    from .. import _native as _native_mod
+    from .. import _native as _native_mod  # type: ignore[attr-defined]  # C extension, no stubs
 except ImportError as exc:  # exercised with TCC_DISABLE_NATIVE=1
     _native_mod = None
     _IMPORT_ERROR = str(exc)

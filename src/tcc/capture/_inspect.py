@@ -279,6 +279,11 @@ class Stub(metaclass=StubMeta):
 
     _tcc_module = ""
     _tcc_qualname = "Stub"
+    # Set per instance by __new__ / __setstate__ (declarations only, no class values).
+    _tcc_args: tuple[Any, ...]
+    _tcc_kwargs: dict[str, Any]
+    _tcc_state: Any
+    _tcc_items: list[Any]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Stub":
         self = object.__new__(cls)
@@ -471,8 +476,8 @@ def _cp_make_skeleton_class(*args: Any) -> StubMeta:
     strings = [a for a in args if isinstance(a, str)]
     kwargs = next((a for a in args if isinstance(a, dict)), {})
     name = strings[0] if strings else "?"
-    qualname = kwargs.get("__qualname__") if isinstance(kwargs.get("__qualname__"), str) else name
-    module = kwargs.get("__module__") if isinstance(kwargs.get("__module__"), str) else ""
+    qualname = qn if isinstance(qn := kwargs.get("__qualname__"), str) else name
+    module = mod if isinstance(mod := kwargs.get("__module__"), str) else ""
     return stub_class(module, qualname, _tcc_by_value=True)
 
 
@@ -628,6 +633,7 @@ class SafeUnpickler(pickle.Unpickler):
 
     def _reconstructor(self, cls: Any, base: Any, state: Any) -> Any:
         if isinstance(cls, StubMeta):
+            assert issubclass(cls, Stub)  # every StubMeta class is Stub or a stub_class()
             obj = cls.__new__(cls)
             if state is not None:
                 obj.__setstate__({"<base state>": state})
@@ -864,8 +870,8 @@ def _request_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
 
 def _effect_call(fields: dict[str, Any], r: Callable[[Any], str]) -> str:
     name = str(fields.get("name", "?")).rpartition(":")[2]
-    args = fields.get("args") if isinstance(fields.get("args"), tuple) else ()
-    kwargs = fields.get("kwargs") if isinstance(fields.get("kwargs"), dict) else {}
+    args = got_args if isinstance(got_args := fields.get("args"), tuple) else ()
+    kwargs = got_kwargs if isinstance(got_kwargs := fields.get("kwargs"), dict) else {}
     parts = [r(a) for a in args] + [f"{k}={r(v)}" for k, v in kwargs.items()]
     return f"{name}({', '.join(parts)})"
 
@@ -884,7 +890,7 @@ def describe_request(obj: Any, *, unsafe: bool = False) -> Awaiting | None:
         call = _effect_call(f, r)
         return Awaiting("effect", f"awaiting effect {call}", {"effect": f.get("name"), "call": call})
     if cls == "GatherRequest":
-        reqs = f.get("requests") if isinstance(f.get("requests"), tuple) else ()
+        reqs = got_reqs if isinstance(got_reqs := f.get("requests"), tuple) else ()
         calls = []
         for req in reqs:
             sub = _request_fields(req)

@@ -26,7 +26,7 @@ import sys
 import types
 from typing import Any, Callable
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]
 
 from .. import errors
 from . import _frames, _records
@@ -97,7 +97,7 @@ def _registered(t: type) -> Callable[[Any], Reduce] | None:
     return None
 
 
-class Pickler(cloudpickle.Pickler):
+class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle's Pickler plus frames, shared cells and exception chains."""
 
     def reducer_override(self, obj: Any) -> Any:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, cast
 
 from . import _context
 
 _REGISTRY: dict[str, "Effect"] = {}
+
+_R = TypeVar("_R")
 
 
 class EffectRequest:
@@ -178,13 +180,17 @@ class Effect:
         return f"<tcc.effect {self.name}>"
 
 
-def _switch_if_sync(request: Any) -> Any:
-    """In a sync run (a greenlet), hand the request to the driver and return its answer."""
+def _switch_if_sync(request: _R) -> _R:
+    """In a sync run (a greenlet), hand the request to the driver and return its answer.
+
+    Typed for the async case (the request itself comes back, to be awaited),
+    as the public helpers that call this are.
+    """
     greenlet = sys.modules.get("greenlet")
     if greenlet is not None:
         current = greenlet.getcurrent()
         if type(current).__name__ == "SyncRun" and current.parent is not None:
-            return current.parent.switch(request)
+            return cast(_R, current.parent.switch(request))
     return request
 
 

@@ -359,11 +359,11 @@ class Driver:
                 self.store.append_completion(self.run_id, self.epoch, self._completion(seq, outcome, duration))
                 self.effects += 1
         values = []
-        for outcome in outcomes:
-            assert outcome is not None
-            if outcome[0] == "throw":
-                return outcome
-            values.append(outcome[1])
+        for done in outcomes:
+            assert done is not None
+            if done[0] == "throw":
+                return done
+            values.append(done[1])
         pending: Pending = ("send", values)
         if todo and self.snapshots:
             self._snapshot(coro, pending, None)
@@ -517,7 +517,7 @@ class Driver:
                 value = json.loads(raw) if raw else None
                 if req.kind == "approval":
                     value = bool(isinstance(value, dict) and value.get("approved"))
-                outcome: Pending = ("send", value)
+                outcome = ("send", value)
                 self._record_marker(coro, outcome, req.intent_seq, consume=req.wait_id)
                 self.store.add_event(self.run_id, "wait_satisfied", {"id": req.wait_id})
                 return outcome
@@ -545,7 +545,7 @@ class Driver:
             self._park(coro, req, "sleeping", {"until": req.until})
         if remaining > 0:
             time.sleep(remaining)
-        outcome: Pending = ("send", None)
+        outcome = ("send", None)
         self._record_marker(coro, outcome, req.intent_seq)
         return outcome
 

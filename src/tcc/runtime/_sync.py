@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import greenlet
+import greenlet  # type: ignore[import-untyped]
 
 from ..effects import _context
 

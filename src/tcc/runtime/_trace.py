@@ -16,7 +16,7 @@ from typing import Any, Iterator
 try:  # optional dependency
     from opentelemetry import trace as _otel
 except ImportError:  # pragma: no cover - exercised where otel is missing
-    _otel = None
+    _otel = None  # type: ignore[assignment]
 
 
 class Tracer:

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ..store import RunInfo, Store
 
@@ -37,10 +37,10 @@ def pending_waits(store: Store, run_id: str) -> list[dict[str, Any]]:
         if e.kind == "wait" and "id" in data:
             waits[data["id"]] = data
         elif e.kind == "wait_satisfied":
-            waits.pop(data.get("id"), None)
+            waits.pop(cast(str, data.get("id")), None)
     out = []
     for wait_id, data in waits.items():
-        state = store.signal_state(run_id, wait_id)  # type: ignore[attr-defined]
+        state = store.signal_state(run_id, wait_id)
         if state != "consumed":
             out.append({**data, "signal": state or "not sent"})
     return out

@@ -139,7 +139,7 @@ def split(
             old_view = memoryview(old)
             old_cuts, starts = memo.cuts, memo.starts
             shift = total - len(old)
-            shifts = (0, shift) if shift else (0,)
+            shifts: tuple[int, ...] = (0, shift) if shift else (0,)
         else:
             old, old_cuts, starts, shifts = b"", [], {}, ()
         pos = 0
