@@ -58,13 +58,10 @@ class Maintenance(StoreCore):
 
     def _consume_signal(self, txn: Any, run_id: str, key: bytes, name: str, epoch: int) -> bytes | None:
         """Inside a write txn: tombstone a pending signal and return its value."""
-        raw = txn.get(key, db=self._dbs["signals"])
-        if raw is None:
+        found = self._open_signal(txn, run_id, key, name)
+        if found is None:
             return None
-        try:
-            hdr, blobs = self._sealer.open(b"signals", key, raw)
-        except Corrupt as exc:
-            raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
+        hdr, blobs = found
         if hdr["s"] != "pending":
             return None
         tomb = self._sealer.seal(b"signals", key, {"s": "consumed", "t": hdr["t"],
@@ -73,43 +70,37 @@ class Maintenance(StoreCore):
         value: bytes = blobs["v"]
         return value
 
+    def _open_signal(self, txn: Any, run_id: str, key: bytes, name: str) -> tuple[Any, Any] | None:
+        """The verified (header, blobs) of a signal record, or None if never sent."""
+        raw = txn.get(key, db=self._dbs["signals"])
+        if raw is None:
+            return None
+        try:
+            opened: tuple[Any, Any] = self._sealer.open(b"signals", key, raw)
+        except Corrupt as exc:
+            raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
+        return opened
+
     def peek_signal(self, run_id: str, name: str) -> bytes | None:
         """The value of a pending signal, without consuming it (None if not pending)."""
-        rid = self._rid(run_id)
-        key = prefix(self._t, rid) + check_name("signal name", name)
-
-        def op(txn: Any) -> bytes | None:
-            self._load_run(txn, rid)
-            raw = txn.get(key, db=self._dbs["signals"])
-            if raw is None:
-                return None
-            try:
-                hdr, blobs = self._sealer.open(b"signals", key, raw)
-            except Corrupt as exc:
-                raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
-            if hdr["s"] != "pending":
-                return None
-            value: bytes = blobs["v"]
-            return value
-
-        return self._read(op)
+        found = self._signal(run_id, name)
+        if found is None or found[0]["s"] != "pending":
+            return None
+        value: bytes = found[1]["v"]
+        return value
 
     def signal_state(self, run_id: str, name: str) -> str | None:
         """``"pending"``, ``"consumed"`` or None (never delivered)."""
+        found = self._signal(run_id, name)
+        return None if found is None else str(found[0]["s"])
+
+    def _signal(self, run_id: str, name: str) -> tuple[Any, Any] | None:
         rid = self._rid(run_id)
         key = prefix(self._t, rid) + check_name("signal name", name)
 
-        def op(txn: Any) -> str | None:
+        def op(txn: Any) -> tuple[Any, Any] | None:
             self._load_run(txn, rid)
-            raw = txn.get(key, db=self._dbs["signals"])
-            if raw is None:
-                return None
-            try:
-                hdr, _ = self._sealer.open(b"signals", key, raw)
-            except Corrupt as exc:
-                raise self._corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
-            state: str = hdr["s"]
-            return state
+            return self._open_signal(txn, run_id, key, name)
 
         return self._read(op)
 
