@@ -24,6 +24,7 @@ __all__ = [
     "ReplayDivergenceError",
     "InternalError",
     "UsageError",
+    "ScriptImportError",
     "RunFailedError",
 ]
 
@@ -98,6 +99,10 @@ class ReplayDivergenceError(TccError, RuntimeError):
 
 class UsageError(TccError, ValueError):
     """A command names something that does not exist or cannot be done (exit 2)."""
+
+
+class ScriptImportError(TccError, ImportError):
+    """The agent script raised while it was being imported (a missing module, a syntax error)."""
 
 
 class RunFailedError(TccError, RuntimeError):

@@ -152,7 +152,7 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "children": [dict(e.data)["child"] for e in events if e.kind == "spawned"],
         "parent": next((dict(e.data).get("parent") for e in events if e.kind == "started"), None),
         "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size} for s in snapshots],
-        "events": [{"kind": e.kind, "time": e.time, **dict(e.data)} for e in events],
+        "events": [{**dict(e.data), "kind": e.kind, "time": e.time, "data": dict(e.data)} for e in events],
     }
     if as_json:
         print(json.dumps(doc, default=repr))

@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import sys
+import threading
 import types
 from typing import Any
 
@@ -36,9 +37,16 @@ def split_entry(entry: str) -> tuple[str, str]:
     return os.path.abspath(path), func
 
 
+_LOAD_LOCK = threading.RLock()
+
+
 def load_script(path: str) -> types.ModuleType:
     """Import the script at ``path`` (once per process) under its stable name."""
-    path = os.path.abspath(path)
+    with _LOAD_LOCK:  # a second thread must not see a half-initialised module
+        return _load_script(os.path.abspath(path))
+
+
+def _load_script(path: str) -> types.ModuleType:
     name = module_name(path)
     module = sys.modules.get(name)
     if module is not None:
@@ -60,6 +68,11 @@ def load_script(path: str) -> types.ModuleType:
         sys.path.insert(0, folder)  # let the script import its neighbours
     try:
         spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise errors.ScriptImportError(
+            f"script {path} failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
     except BaseException:
         del sys.modules[name]
         raise

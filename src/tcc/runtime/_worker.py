@@ -138,6 +138,10 @@ class Worker:
         while not self.stopping:
             self.tick()
             if once:
+                for run_id, proc in self.children.items():  # one poll: let them finish
+                    proc.wait()
+                    self.log(f"worker: run {run_id} exited with {proc.returncode}")
+                self.children.clear()
                 break
             time.sleep(self.poll)
         for proc in self.children.values():

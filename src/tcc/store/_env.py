@@ -75,6 +75,42 @@ def acquire(
         return h
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _warn_if_exposed(path: str) -> None:
+    """Warn once per open when the store or its files are readable by others."""
+    import stat
+    import warnings
+
+    exposed = []
+    for name in ("", SECRET_NAME, "data.mdb"):
+        full = os.path.join(path, name) if name else path
+        try:
+            mode = stat.S_IMODE(os.stat(full).st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            exposed.append(f"{full} (mode {mode:o})")
+    if exposed:
+        warnings.warn(
+            f"warning: tcc store files are accessible to other users: {', '.join(exposed)}; "
+            "snapshots are pickles and the secret authenticates them -- chmod 700 the store "
+            "directory and 600 its files",
+            StoreSecurityWarning,
+            stacklevel=4,
+        )
+
+
+class StoreSecurityWarning(UserWarning):
+    """A store's files have permissions that expose snapshots or the secret."""
+
+
 class _Retry(Exception):
     """Internal: redo a group batch without the closure that failed."""
 
@@ -129,6 +165,9 @@ class EnvHandle:
         self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._lockfd, fcntl.LOCK_SH)
         self._open_env()
+        if not has_data:
+            _fsync_dir(path)  # the secret's and data.mdb's directory entries are durable too
+        _warn_if_exposed(path)
 
     # ------------------------------------------------------------------ opening
     def _prepare_dir(self, create: bool) -> bool:
@@ -150,6 +189,7 @@ class EnvHandle:
                 raise StoreCorruptError(
                     f"{path} is not empty and is not a tcc store (it holds {sorted(foreign)[:3]}); "
                     "choose an empty or new directory")
+            os.chmod(path, 0o700)  # a new store in an existing empty directory
         return has_data
 
     def _open_env(self) -> None:

@@ -93,6 +93,10 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> RunInfo:
             hdr, blobs = self._load_run(txn, rid)
+            if hdr["status"] in ("completed", "cancelled"):
+                # checked in the claiming transaction: a resumer that looked at
+                # the run before another one finished it cannot reopen it
+                raise FencedError(f"run {run_id!r} in store {self.path} is already {hdr['status']}")
             now = time.time()
             mine = hdr["host"] == HOST and hdr["pid"] == os.getpid()
             alive = hdr["lease"] > now and not mine and not steal
