@@ -759,12 +759,6 @@ except Exception as exc:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: EnvHandle._open_env decides whether an LMDB file is a tcc store from two different "
-    "snapshots -- env.stat() entries (latest) and the meta key in an earlier read txn -- so a "
-    "process opening a new store while another process initialises it refuses it with "
-    "StoreCorruptError 'is an LMDB database but not a tcc store' (seen with 10 `tcc run` "
-    "started at once on a new store)"))
 def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path):
     """A process opening a brand-new store while another initialises it opens it normally."""
     store = tmp_path / "store"

@@ -504,11 +504,6 @@ except Exception as exc:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: EnvHandle._open_env begins its transactions without the MapResizedError handling "
-    "that read()/_run() have, so opening a store while another process grows it past the "
-    "opener's map fails with a raw lmdb.MapResizedError (`tcc show` with TCC_STORE_MAP_SIZE=1M "
-    "during a growing run: 'tcc: internal error (MapResizedError ...)')"))
 def test_opening_the_store_while_another_process_grows_it(tmp_path):
     """A process opening the store while another grows the map past its size opens it normally."""
     store = tmp_path / "store"

@@ -209,18 +209,32 @@ class EnvHandle:
         self.env.reader_check()
         self.map_size = self.env.info()["map_size"]
         self.dbs: dict[str, Any] = {}
-        with self.env.begin() as txn:  # look before writing anything into a foreign file
-            entries = self.env.stat()["entries"]
-            is_ours = txn.get(b"meta") is not None
+        for _attempt in range(8):
+            try:
+                # One read txn for both facts: another process may be initialising
+                # the store right now, and mixing snapshots misjudges it as foreign.
+                with self.env.begin() as txn:  # look before writing anything into a foreign file
+                    entries = txn.stat()["entries"]
+                    is_ours = txn.get(b"meta") is not None
+                break
+            except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                self.env.set_mapsize(0)
+                self.map_size = self.env.info()["map_size"]
         if entries and not is_ours:
             self.env.close()
             raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store; "
                                     "choose another path")
         try:
-            with self.env.begin(write=True) as txn:
-                for name in DBS:
-                    self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
-                self._check_format(txn)
+            for _attempt in range(8):
+                try:
+                    with self.env.begin(write=True) as txn:
+                        for name in DBS:
+                            self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
+                        self._check_format(txn)
+                    break
+                except lmdb.MapResizedError:
+                    self.env.set_mapsize(0)
+                    self.map_size = self.env.info()["map_size"]
         except (lmdb.IncompatibleError, lmdb.CorruptedError, lmdb.PageNotFoundError) as exc:
             self.env.close()
             raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store ({exc}); "
