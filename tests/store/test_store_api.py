@@ -294,3 +294,16 @@ def test_use_after_fork_refused(store_path: str) -> None:
         store_path,
     )
     assert out.stdout.split() == ["0", "r"], out.stderr
+
+
+def test_creation_killed_mid_secret_leaves_a_usable_directory(tmp_path):
+    """A store directory holding only a dead creator's secret temp file is still created normally."""
+    from tcc.store import open_store as _open
+
+    folder = tmp_path / "store"
+    folder.mkdir(mode=0o700)
+    (folder / "secret.999999999.tmp").write_bytes(b"partial")
+    with _open(folder) as s:
+        run = s.create_run("e")
+        assert s.get_run(run.run_id).entry == "e"
+    assert not (folder / "secret.999999999.tmp").exists()

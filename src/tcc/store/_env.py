@@ -75,6 +75,26 @@ def acquire(
         return h
 
 
+def _stale_secret_tmp(path: str, name: str) -> bool:
+    """A ``secret.<pid>.tmp`` left by a creator (killed, or still writing): ours, not foreign.
+
+    One whose process is gone is removed.
+    """
+    parts = name.split(".")
+    if len(parts) != 3 or parts[0] != SECRET_NAME or parts[2] != "tmp" or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        try:
+            os.unlink(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+    except PermissionError:
+        pass
+    return True
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -184,7 +204,8 @@ class EnvHandle:
             os.makedirs(path, mode=0o700, exist_ok=True)
             os.chmod(path, 0o700)
         elif not has_data:
-            foreign = set(os.listdir(path)) - _OWN_FILES
+            foreign = {name for name in set(os.listdir(path)) - _OWN_FILES
+                       if not _stale_secret_tmp(path, name)}
             if foreign:
                 raise StoreCorruptError(
                     f"{path} is not empty and is not a tcc store (it holds {sorted(foreign)[:3]}); "
