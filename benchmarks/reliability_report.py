@@ -19,7 +19,9 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUITES = ["tests/runtime/test_crash.py", "tests/capture/test_fuzz.py", "tests/reliability"]
-FIGURES = re.compile(r"^(kills=|corruption:|concurrency:|faults:|oscrash:|=+ .*(passed|failed).*=+$)")
+FIGURES = re.compile(
+    r"^(kills=|corruption:|concurrency:|faults:|oscrash:|=+ .*(passed|failed).*=+$|\d+ (passed|failed)\b)"
+)
 
 
 def main(argv: list[str]) -> int:
