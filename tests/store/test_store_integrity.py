@@ -10,6 +10,7 @@ import pytest
 from store_helpers import payload
 
 from tcc.errors import StoreCorruptError
+from tcc.store._chunks import INLINE_MAX
 from tcc.store import Completion, open_store
 
 
@@ -39,7 +40,10 @@ def _flip(path: str, db: bytes, key: bytes, pos: int, bit: int) -> None:
     _edit(path, db, fn)
 
 
-def _make(path: str, n: int = 3, size: int = 3000) -> str:
+SIZE = 3 * INLINE_MAX  # large enough to be cut into chunks, not stored in the record
+
+
+def _make(path: str, n: int = 3, size: int = SIZE) -> str:
     with open_store(path) as s:
         run = s.create_run("e", run_id="r")
         for i in range(n):
@@ -62,12 +66,12 @@ def test_bit_flips_in_newest_chunk_always_detected(store_path: str) -> None:
             with pytest.raises(StoreCorruptError, match="run 'r' snapshot 3"):
                 s.load_snapshot("r")
             info, data = s.latest_good_snapshot("r")  # type: ignore[misc]
-            assert (info.number, data) == (2, payload(1))
+            assert (info.number, data) == (2, payload(1, SIZE))
             kinds = [e.kind for e in s.events("r")][-2:]
             assert kinds == ["snapshot_corrupt", "fell_back"]
         _flip(store_path, b"chunks", newest, pos, bit)  # undo
     with open_store(store_path) as s:
-        assert s.load_snapshot("r") == payload(2)
+        assert s.load_snapshot("r") == payload(2, SIZE)
 
 
 def _edit_get(path: str, db: bytes, key: bytes) -> bytes:
@@ -199,3 +203,29 @@ def test_store_path_is_a_file(tmp_path: object) -> None:
     open(p, "w").close()
     with pytest.raises(StoreCorruptError, match="is a file"):
         open_store(p)
+
+
+def test_bit_flips_in_inline_snapshot_always_detected(store_path: str) -> None:
+    """A small payload lives inside its snapshot record: a flip anywhere in it is caught by the record MAC."""
+    _make(store_path, size=INLINE_MAX // 2)
+    assert not _chunk_keys(store_path)  # nothing was cut into chunks
+    key = _snap_keys(store_path)[-1]
+    length = len(_edit_get(store_path, b"snaps", key))
+    rng = random.Random(11)
+    for pos in [rng.randrange(length) for _ in range(40)]:
+        bit = rng.randrange(8)
+        _flip(store_path, b"snaps", key, pos, bit)
+        with open_store(store_path) as s:
+            with pytest.raises(StoreCorruptError, match="run 'r' snapshot 3"):
+                s.load_snapshot("r")
+            info, data = s.latest_good_snapshot("r")  # type: ignore[misc]
+            assert (info.number, data) == (2, payload(1, INLINE_MAX // 2))
+        _flip(store_path, b"snaps", key, pos, bit)  # undo
+    with open_store(store_path) as s:
+        assert s.load_snapshot("r") == payload(2, INLINE_MAX // 2)
+
+
+def _snap_keys(path: str) -> list[bytes]:
+    keys: list[bytes] = []
+    _edit(path, b"snaps", lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
+    return keys

@@ -15,6 +15,11 @@ last byte has its low ``log2(GROUP_FANOUT)`` bits set), into *group nodes*
 that are stored and deduplicated like chunks; the manifest then lists only
 the groups.  Appending to a transcript then writes the new tail chunk, the
 changed head chunk, one or two new group nodes and a short manifest.
+
+Payloads of at most ``INLINE_MAX`` bytes are not chunked: their compressed
+form goes into the snapshot record itself (blob ``p``), which the record's MAC
+covers.  Cutting, hashing and reference-counting a payload that fits in one
+or two chunks costs more than rewriting it, and it dirties the chunk tree.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ __all__ = [
     "AVG_CHUNK",
     "Entry",
     "build_manifest",
+    "INLINE_MAX",
     "decode_chunk",
+    "decode_inline",
     "encode_chunk",
     "encode_node",
     "pack_entries",
@@ -40,6 +47,7 @@ __all__ = [
 ]
 
 AVG_CHUNK = 4096
+INLINE_MAX = 8192  # payloads up to this size are stored whole in their snapshot record
 DIRECT_MAX = 32
 GROUP_FANOUT = 16
 GROUP_MAX = 128
@@ -212,6 +220,18 @@ def encode_node(content: bytes) -> bytes:
 
 def decode_chunk(sealer: Sealer, address: bytes, stored: bytes | memoryview, raw_len: int) -> bytes:
     """Decode a stored chunk and verify it against its address; raise Corrupt if it fails."""
+    data = decode_inline(stored, raw_len)
+    if sealer.chunk_id(data) != address:
+        raise Corrupt("chunk content does not match its address")
+    return data
+
+
+def decode_inline(stored: bytes | memoryview, raw_len: int) -> bytes:
+    """Decode :func:`encode_chunk` output of ``raw_len`` bytes; raise Corrupt if it fails.
+
+    No MAC check here: callers verify the bytes (a chunk against its address
+    in :func:`decode_chunk`, an inline payload by its record's MAC).
+    """
     stored = memoryview(stored)
     if len(stored) < 1:
         raise Corrupt("empty chunk")
@@ -225,8 +245,8 @@ def decode_chunk(sealer: Sealer, address: bytes, stored: bytes | memoryview, raw
             raise Corrupt(f"chunk does not decompress: {exc}") from None
     else:
         raise Corrupt(f"unknown chunk codec {codec}")
-    if len(data) != raw_len or sealer.chunk_id(data) != address:
-        raise Corrupt("chunk content does not match its address")
+    if len(data) != raw_len:
+        raise Corrupt(f"chunk decodes to {len(data)} bytes, expected {raw_len}")
     return data
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,10 +17,10 @@ from typing import Any, TypeVar
 
 from ..errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError
 from ._api import RunInfo, SnapshotInfo
-from ._chunks import decode_chunk, parse_entries
+from ._chunks import decode_chunk, decode_inline, parse_entries
 from ._codec import Corrupt, check_name, prefix, seq_key
 from ._env import acquire
-from ._refs import HeldCache, SnapRow, apply_diff, data_key, iter_prefix
+from ._refs import FLUSH_RELEASES, HeldCache, SnapRow, apply_diff, data_key, iter_prefix, pack_ids
 
 __all__ = ["HOST", "StoreCore", "last_seq"]
 
@@ -64,6 +65,8 @@ class StoreCore:
                           max_map_size=max_map_size)
         self._sealer = self._h.sealer
         self._held = HeldCache(self._sealer)
+        # run key -> (record bytes, header, blobs) of the last run record verified
+        self._runs_seen: dict[bytes, tuple[bytes, dict[str, Any], dict[str, bytes]]] = {}
         self._closed = False
         self._memo_lock = threading.Lock()
         self._memos: dict[bytes, Any] = {}  # run id -> _lmdb._RunMemo
@@ -133,10 +136,17 @@ class StoreCore:
         if raw is None:
             raise RunNotFoundError(
                 f"no run {rid.decode()!r} for tenant {self.tenant!r} in store {self.path}")
+        seen = self._runs_seen.get(key)
+        if seen is not None and seen[0] == raw:  # the very bytes whose MAC was checked before
+            return dict(seen[1]), dict(seen[2])
         try:
-            return self._sealer.open(b"runs", key, raw)
+            hdr, blobs = self._sealer.open(b"runs", key, raw)
         except Corrupt as exc:
             raise self._corrupt(f"run {rid.decode()!r} record", exc) from None
+        if len(self._runs_seen) >= 64:
+            self._runs_seen.clear()
+        self._runs_seen[key] = (bytes(raw), hdr, blobs)
+        return dict(hdr), dict(blobs)
 
     def _put_run(self, txn: Any, rid: bytes, hdr: dict[str, Any], blobs: dict[str, bytes]) -> None:
         key = self._t + b"\x00" + rid
@@ -173,25 +183,51 @@ class StoreCore:
         txn: Any,
         pfx: bytes,
         rows: list[SnapRow],
-        new: SnapRow | None,
+        new_number: int | None,
         new_held: set[int],
         stored_form: Callable[[int], bytes | None],
-    ) -> int:
-        """Add ``new`` (if any), drop snapshots past retention, fix refcounts; return #dropped."""
-        dbs = self._dbs
+        seal: Callable[[bytes], SnapRow] | None = None,
+    ) -> tuple[int, SnapRow | None, frozenset[int]]:
+        """Add snapshot ``new_number`` (if any), drop snapshots past retention, fix refcounts.
+
+        ``seal(pending)`` builds the new snapshot record given its packed
+        pending-release list (see ``_refs``).  Returns ``(#dropped, new row,
+        its pending ids)``.
+        Without a new record (housekeeping), released chunks are decremented
+        at once and the newest record's pending list stays as it is.
+        """
+        dbs, held = self._dbs, self._held
         pinned = self._pinned(txn, pfx)
-        allnums = [r[0] for r in rows] + ([new[0]] if new else [])
+        allnums = [r[0] for r in rows] + ([new_number] if new_number is not None else [])
         keep = set(allnums[-self._keep:]) | pinned
         kept = [r for r in rows if r[0] in keep]
         dropped = [r for r in rows if r[0] not in keep]
-        before = self._held.union(txn, dbs, rows)
-        after = (set(before) if not dropped else self._held.union(txn, dbs, kept)) | new_held
-        apply_diff(txn, dbs, before, after, stored_form)
+        before = held.run_held(txn, dbs, rows)
+        row: SnapRow | None = None
+        deferred: frozenset[int] = frozenset()
+        if seal is None or new_number is None:
+            after = held.union(txn, dbs, kept) | held.pending(txn, dbs, rows) | new_held
+            apply_diff(txn, dbs, before, after, stored_form)
+        else:
+            after = held.union(txn, dbs, kept) | new_held
+            released = sorted(before - after)
+            packed = b""
+            if 0 < len(released) < FLUSH_RELEASES:
+                try:
+                    packed = pack_ids(released)
+                except struct.error:  # ids too far apart for the compact form
+                    packed = b""
+            if packed or not released:  # defer: count only the increments now
+                deferred = frozenset(released)
+                apply_diff(txn, dbs, before, after | deferred, stored_form)
+            else:
+                apply_diff(txn, dbs, before, after, stored_form)
+            row = seal(packed)
         for _, key, _ in dropped:
             txn.delete(key, db=dbs["snaps"])
-        if new is not None:
-            txn.put(new[1], new[2], db=dbs["snaps"])
-        return len(dropped)
+        if row is not None:
+            txn.put(row[1], row[2], db=dbs["snaps"])
+        return len(dropped), row, deferred
 
     def _pinned(self, txn: Any, pfx: bytes) -> set[int]:
         return {int.from_bytes(k[len(pfx):len(pfx) + 8], "big")
@@ -212,6 +248,9 @@ class StoreCore:
         chunks = self._dbs["chunks"]
         try:
             hdr, blobs = self._sealer.open(b"snaps", key, value)
+            if "p" in blobs:  # a small payload stored whole in its record
+                info = SnapshotInfo(rid.decode(), number, hdr["j"], hdr["s"], hdr["t"])
+                return info, decode_inline(blobs["p"], hdr["s"])
             leaves = parse_entries(blobs["m"])
             for _ in range(int(hdr["g"])):
                 nodes, leaves = leaves, []

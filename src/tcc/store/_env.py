@@ -34,7 +34,10 @@ __all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
 
 T = TypeVar("T")
 DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins")
-FORMAT = {"magic": "tcc-store", "version": 1}
+# Version 2 added inline payloads and pending-release lists to snapshot
+# records (see _chunks and _refs); version 1 stores are upgraded on open.
+FORMAT = {"magic": "tcc-store", "version": 2}
+_UPGRADABLE = (1,)
 LOCK_NAME = "tcc.lock"
 _OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME}
 DEFAULT_MAP_SIZE = 1 << 30
@@ -279,6 +282,9 @@ class EnvHandle:
             hdr = {}
         if hdr.get("magic") != FORMAT["magic"]:
             raise StoreCorruptError(f"{self.path} holds a foreign LMDB database, not a tcc store")
+        if hdr.get("version") in _UPGRADABLE:  # everything v1 wrote, v2 reads the same way
+            hdr["version"] = FORMAT["version"]
+            txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
         if hdr.get("version") != FORMAT["version"]:
             raise StoreCorruptError(f"store {self.path} has format version {hdr.get('version')}; "
                                     f"this tcc reads version {FORMAT['version']}: upgrade tcc")

@@ -9,11 +9,19 @@ from typing import Any
 
 from ..errors import FencedError, StoreCorruptError, StoreError
 from ._api import RUN_STATUSES, Completion, JournalRecord, RunInfo, SnapshotInfo
-from ._chunks import SplitMemo, build_manifest, encode_chunk, encode_node, pack_entries, split
+from ._chunks import (
+    INLINE_MAX,
+    SplitMemo,
+    build_manifest,
+    encode_chunk,
+    encode_node,
+    pack_entries,
+    split,
+)
 from ._codec import Corrupt, check_name, prefix, seq_key
 from ._core import HOST, last_seq
 from ._maint import Maintenance
-from ._refs import iter_prefix, next_chunk_id, snap_rows
+from ._refs import SnapRow, iter_prefix, next_chunk_id, snap_rows
 
 __all__ = ["LmdbStore"]
 
@@ -278,12 +286,14 @@ class LmdbStore(Maintenance):
         sealer, dbs, held = self._sealer, self._dbs, self._held
         with self._memo_lock:
             memo = self._memos.pop(rid, None) or _RunMemo()
-        ordered = split(sealer, payload, memo.split)
         size = len(memoryview(payload).cast("B"))
+        inline = size <= INLINE_MAX
+        # small payloads are stored whole in the record; larger ones are cut by content
+        ordered = [] if inline else split(sealer, payload, memo.split)
         pfx = prefix(self._t, rid)
         now = time.time()
 
-        if memo.tag is None:
+        if memo.tag is None and not inline:
             def previous(txn: Any) -> tuple[bytes | None, dict[bytes, int]]:
                 """The newest snapshot's record MAC and its address -> chunk id map."""
                 rows = snap_rows(txn, dbs["snaps"], pfx)
@@ -301,6 +311,7 @@ class LmdbStore(Maintenance):
         for h, p in ordered:
             if h not in prev_map and h not in encoded:
                 encoded[h] = encode_chunk(p)
+        whole = encode_chunk(payload) if inline else b""
         box: list[Any] = []
 
         def op(txn: Any) -> SnapshotInfo:
@@ -312,55 +323,22 @@ class LmdbStore(Maintenance):
                 self._completion(txn, rid, jlen, completion, now)
                 jlen += 1
             rows = snap_rows(txn, dbs["snaps"], pfx)
-            tag = bytes(rows[-1][2][:16]) if rows else None
-            if tag == prev_tag:
-                by_addr = prev_map
-            else:  # another writer (or process) committed since this process last did
-                by_addr = held.held(txn, dbs, rows[-1][1], rows[-1][2]).by_addr if rows else {}
-            next_id = next_chunk_id(txn, dbs["chunks"])
-            new: dict[int, bytes] = {}
-            ids: dict[bytes, int] = {}
-            get = by_addr.get
-
-            def chunk_id(addr: bytes) -> int:
-                nonlocal next_id
-                cid = ids.get(addr)
-                if cid is None:
-                    cid = get(addr)
-                    if cid is None:
-                        cid = next_id
-                        next_id += 1
-                        new[cid] = addr
-                    ids[addr] = cid
-                return cid
-
-            leaves = []
-            for h, p in ordered:
-                cid = get(h)
-                if cid is None:
-                    cid = chunk_id(h)
-                else:
-                    ids[h] = cid
-                leaves.append((cid, h, len(p)))
-            depth, top, nodes = build_manifest(sealer, leaves, chunk_id, memo.groups)
-
-            def stored_form(cid: int) -> bytes | None:
-                addr = new.get(cid)
-                if addr is None:
-                    return None
-                if cid in nodes:
-                    return encode_node(nodes[cid])
-                got = encoded.get(addr)
-                if got is None:
-                    got = encode_chunk(dict(ordered)[addr])
-                return got
-
             number = rows[-1][0] + 1 if rows else 1
             key = seq_key(self._t, rid, number)
-            value = sealer.seal(b"snaps", key, {"j": jlen, "s": size, "t": now, "g": depth},
-                                {"m": pack_entries(top)})
-            self._retain(txn, pfx, rows, (number, key, value), set(ids.values()), stored_form)
-            held.remember(key, value, ids)
+            ids: dict[bytes, int] = {}
+            if inline:
+                def seal(pending: bytes) -> SnapRow:
+                    blobs = {"p": whole, "r": pending} if pending else {"p": whole}
+                    return number, key, sealer.seal(
+                        b"snaps", key, {"j": jlen, "s": size, "t": now, "g": 0}, blobs)
+
+                _, row, pending = self._retain(txn, pfx, rows, number, set(), lambda _c: None, seal)
+            else:
+                row, pending = self._put_chunks(txn, pfx, rows, number, key, prev_tag, prev_map, ordered,
+                                       encoded, memo, ids, {"j": jlen, "s": size, "t": now})
+            assert row is not None
+            value = row[2]
+            held.remember(key, value, ids, pending)
             box[:] = [bytes(value[:16]), ids]
             return SnapshotInfo(run_id, number, jlen, size, now)
 
@@ -378,6 +356,76 @@ class LmdbStore(Maintenance):
                 self._memos[rid] = memo
                 while len(self._memos) > 8:
                     self._memos.pop(next(iter(self._memos)))
+
+    def _put_chunks(
+        self,
+        txn: Any,
+        pfx: bytes,
+        rows: list[SnapRow],
+        number: int,
+        key: bytes,
+        prev_tag: bytes | None,
+        prev_map: dict[bytes, int],
+        ordered: list[tuple[bytes, memoryview]],
+        encoded: dict[bytes, bytes],
+        memo: _RunMemo,
+        ids: dict[bytes, int],
+        hdr: dict[str, Any],
+    ) -> tuple[SnapRow | None, frozenset[int]]:
+        """Store the chunks of a cut payload that are new, its manifest and its record.
+
+        ``ids`` receives the address -> chunk id map of the new snapshot.
+        Returns the record and its pending releases.
+        """
+        sealer, dbs, held = self._sealer, self._dbs, self._held
+        tag = bytes(rows[-1][2][:16]) if rows else None
+        if tag == prev_tag:
+            by_addr = prev_map
+        else:  # another writer (or process) committed since this process last did
+            by_addr = held.held(txn, dbs, rows[-1][1], rows[-1][2]).by_addr if rows else {}
+        next_id = next_chunk_id(txn, dbs["chunks"])
+        new: dict[int, bytes] = {}
+        get = by_addr.get
+
+        def chunk_id(addr: bytes) -> int:
+            nonlocal next_id
+            cid = ids.get(addr)
+            if cid is None:
+                cid = get(addr)
+                if cid is None:
+                    cid = next_id
+                    next_id += 1
+                    new[cid] = addr
+                ids[addr] = cid
+            return cid
+
+        leaves = []
+        for h, p in ordered:
+            cid = get(h)
+            if cid is None:
+                cid = chunk_id(h)
+            else:
+                ids[h] = cid
+            leaves.append((cid, h, len(p)))
+        depth, top, nodes = build_manifest(sealer, leaves, chunk_id, memo.groups)
+
+        def stored_form(cid: int) -> bytes | None:
+            addr = new.get(cid)
+            if addr is None:
+                return None
+            if cid in nodes:
+                return encode_node(nodes[cid])
+            got = encoded.get(addr)
+            if got is None:
+                got = encode_chunk(dict(ordered)[addr])
+            return got
+
+        def seal(pending: bytes) -> SnapRow:
+            blobs = {"m": pack_entries(top), "r": pending} if pending else {"m": pack_entries(top)}
+            return number, key, sealer.seal(b"snaps", key, {**hdr, "g": depth}, blobs)
+
+        _, row, pending = self._retain(txn, pfx, rows, number, set(ids.values()), stored_form, seal)
+        return row, pending
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
         """Stored snapshots of the run, oldest first (records verified)."""

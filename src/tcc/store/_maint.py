@@ -190,7 +190,8 @@ class Maintenance(StoreCore):
                 nk = seq_key(self._t, new, seq)
                 txn.put(nk, sealer.seal(b"journal", nk, jh, jb), db=dbs["journal"])
             nkey = seq_key(self._t, new, 1)
-            nval = sealer.seal(b"snaps", nkey, hdr, blobs)
+            # the source's pending releases are its own: the fork holds only the manifest
+            nval = sealer.seal(b"snaps", nkey, hdr, {k: v for k, v in blobs.items() if k != "r"})
             held = set(self._held.held(txn, dbs, skey, sval).ids)
             apply_diff(txn, dbs, set(), held, lambda _cid: None)
             txn.put(nkey, nval, db=dbs["snaps"])
@@ -216,7 +217,7 @@ class Maintenance(StoreCore):
         def op(txn: Any) -> None:
             hdr, _ = self._load_run(txn, rid)
             rows = snap_rows(txn, dbs["snaps"], pfx)
-            apply_diff(txn, dbs, self._held.union(txn, dbs, rows), set(), lambda _a: None)
+            apply_diff(txn, dbs, self._held.run_held(txn, dbs, rows), set(), lambda _a: None)
             for name in ("snaps", "journal", "signals", "pins"):
                 keys = [bytes(k) for k, _ in iter_prefix(txn, dbs[name], pfx)]
                 for k in keys:
@@ -246,7 +247,7 @@ class Maintenance(StoreCore):
             for key, _ in list(iter_prefix(txn, dbs["runs"], tp)):
                 pfx = prefix(self._t, bytes(key[len(tp):]))
                 rows = snap_rows(txn, dbs["snaps"], pfx)
-                dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)
+                dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)[0]
             deleted, repaired = sweep(txn, dbs, self._held)
             return GcStats(snapshots_deleted=dropped, chunks_deleted=deleted,
                            refs_repaired=repaired)

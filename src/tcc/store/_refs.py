@@ -21,6 +21,18 @@ commit only increments the chunks that no stored snapshot of the run had
 before and decrements those that none has after; a chunk whose count reaches
 zero is deleted in the same transaction.
 
+Releases are deferred.  The chunks a commit stops holding (those of the
+snapshot that retention drops, unless a kept one still has them) are not
+decremented at once: their ids go into the new snapshot record's *pending*
+list (blob ``r``), which each commit carries forward, and a run holds its
+snapshots' chunks plus the newest record's pending ones.  Once the list
+reaches ``FLUSH_RELEASES`` ids, one commit decrements them all and starts an
+empty list.  Deleting one old chunk copies the leaf page it lives on (LMDB is
+copy-on-write), so releasing every commit rewrote three or four old pages per
+step; a batch of consecutive ids empties whole pages, which LMDB frees
+without writing.  Only the newest record's list counts: an older record's
+list may name ids a later flush already decremented.
+
 A manifest that cannot be read (it was damaged) contributes only what is
 readable.  That can only leak chunks, never free one a readable snapshot
 needs; :func:`sweep` recomputes every count from the manifests and repairs
@@ -38,6 +50,7 @@ from ._chunks import decode_chunk, parse_entries
 from ._codec import Corrupt, Sealer, u64
 
 __all__ = [
+    "FLUSH_RELEASES",
     "Held",
     "HeldCache",
     "SnapRow",
@@ -45,11 +58,14 @@ __all__ = [
     "data_key",
     "iter_prefix",
     "next_chunk_id",
+    "pack_ids",
     "snap_rows",
     "sweep",
 ]
 
 _REF = struct.Struct("<I")
+_ID = struct.Struct("<Q")
+FLUSH_RELEASES = 128
 
 SnapRow = tuple[int, bytes, bytes]  # (number, key, sealed value)
 
@@ -61,6 +77,26 @@ def data_key(cid: int) -> bytes:
 
 def _ref_key(cid: int) -> bytes:
     return u64(cid) + b"r"
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    """Binary form of sorted chunk ids: the first as u64, then u32 gaps."""
+    if not ids:
+        return b""
+    gaps = [b - a for a, b in zip(ids, ids[1:])]
+    return _ID.pack(ids[0]) + struct.pack(f"<{len(gaps)}I", *gaps)
+
+
+def unpack_ids(blob: bytes) -> list[int]:
+    """Inverse of :func:`pack_ids`; raise Corrupt on a malformed list."""
+    if not blob:
+        return []
+    if len(blob) < 8 or (len(blob) - 8) % 4:
+        raise Corrupt("pending-release list has a bad length")
+    out = [_ID.unpack_from(blob)[0]]
+    for (gap,) in struct.iter_unpack("<I", blob[8:]):
+        out.append(out[-1] + gap)
+    return out
 
 
 def next_chunk_id(txn: Any, db: Any) -> int:
@@ -94,13 +130,16 @@ def snap_rows(txn: Any, db: Any, pfx: bytes) -> list[SnapRow]:
 
 
 class Held:
-    """What one snapshot references: chunk ids, and its address -> id map for dedup."""
+    """What one snapshot references: chunk ids, its address -> id map for dedup,
+    and the ids its record lists as pending release."""
 
-    __slots__ = ("ids", "by_addr")
+    __slots__ = ("ids", "by_addr", "pending")
 
-    def __init__(self, ids: frozenset[int], by_addr: dict[bytes, int]) -> None:
+    def __init__(self, ids: frozenset[int], by_addr: dict[bytes, int],
+                 pending: frozenset[int] = frozenset()) -> None:
         self.ids = ids
         self.by_addr = by_addr
+        self.pending = pending
 
 
 _EMPTY = Held(frozenset(), {})
@@ -126,6 +165,7 @@ class HeldCache:
         try:
             hdr, blobs = self._sealer.open(b"snaps", key, value)
             top = parse_entries(blobs.get("m", b""))
+            pending = frozenset(unpack_ids(blobs.get("r", b"")))
         except (Corrupt, ValueError, KeyError):
             return _EMPTY
         level = top
@@ -143,14 +183,15 @@ class HeldCache:
             level = below
         for cid, addr, _ in level:
             by_addr[addr] = cid
-        result = Held(frozenset(by_addr.values()), by_addr)
+        result = Held(frozenset(by_addr.values()), by_addr, pending)
         if ok:
             self._cache[tag] = result
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return result
 
-    def remember(self, key: bytes, value: bytes, by_addr: dict[bytes, int]) -> None:
+    def remember(self, key: bytes, value: bytes, by_addr: dict[bytes, int],
+                 pending: frozenset[int] = frozenset()) -> None:
         """Record what a snapshot record this process just built references.
 
         Saves re-reading and re-verifying its group nodes on the next commit.
@@ -158,17 +199,28 @@ class HeldCache:
         describe that exact record.
         """
         tag = bytes(value[:16]) + key
-        self._cache[tag] = Held(frozenset(by_addr.values()), by_addr)
+        self._cache[tag] = Held(frozenset(by_addr.values()), by_addr, pending)
         self._cache.move_to_end(tag)
         if len(self._cache) > self._size:
             self._cache.popitem(last=False)
 
     def union(self, txn: Any, dbs: dict[str, Any], rows: Iterable[SnapRow]) -> set[int]:
-        """Union of the chunk ids of ``rows``."""
+        """Union of the chunk ids of ``rows`` (their manifests only)."""
         out: set[int] = set()
         for _, key, value in rows:
             out |= self.held(txn, dbs, key, value).ids
         return out
+
+    def pending(self, txn: Any, dbs: dict[str, Any], rows: list[SnapRow]) -> frozenset[int]:
+        """The run's pending releases: the list in its newest record (``rows[-1]``)."""
+        if not rows:
+            return frozenset()
+        _, key, value = rows[-1]
+        return self.held(txn, dbs, key, value).pending
+
+    def run_held(self, txn: Any, dbs: dict[str, Any], rows: list[SnapRow]) -> set[int]:
+        """Every chunk id a run with snapshot records ``rows`` (oldest first) holds."""
+        return self.union(txn, dbs, rows) | self.pending(txn, dbs, rows)
 
 
 def apply_diff(
@@ -213,8 +265,14 @@ def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
     ``(chunks_deleted, refs_repaired)``.
     """
     per_run: dict[bytes, set[int]] = {}
+    newest: dict[bytes, Held] = {}
     for key, value in iter_prefix(txn, dbs["snaps"], b""):
-        per_run.setdefault(bytes(key[:-8]), set()).update(cache.held(txn, dbs, key, value).ids)
+        run = bytes(key[:-8])
+        held = cache.held(txn, dbs, key, value)
+        per_run.setdefault(run, set()).update(held.ids)
+        newest[run] = held  # keys are in order: the last one seen is the newest
+    for run, held in newest.items():
+        per_run[run] |= held.pending
     truth: dict[int, int] = {}
     for held in per_run.values():
         for cid in held:
