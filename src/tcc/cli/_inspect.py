@@ -59,11 +59,17 @@ def _pick_snapshot(store: Store, run_id: str, at: int | None) -> tuple[SnapshotI
             )
         return chosen[0], store.load_snapshot(run_id, at), numbers, notes
     for info in reversed(snaps):
+        if info.damaged:
+            notes.append(f"snapshot {info.number} fails verification and was skipped: "
+                         "its record does not verify")
+            continue
         try:
             return info, store.load_snapshot(run_id, info.number), numbers, notes
         except errors.StoreCorruptError as exc:
             notes.append(f"snapshot {info.number} fails verification and was skipped: {exc}")
-    raise errors.StoreCorruptError(f"run {run_id}: no snapshot verifies")
+    raise errors.StoreCorruptError(
+        f"run {run_id}: no snapshot verifies: snapshot(s) {', '.join(map(str, numbers))} "
+        "failed verification and none was loaded; restore the store from a backup")
 
 
 def _split_state(state: Any, run_id: str, number: int) -> tuple[Any, Any, Any, Any]:

@@ -132,7 +132,7 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     completions = [r for r in journal if r.kind == "completion"]
     intents = {r.seq: r for r in journal if r.kind == "intent"}
     done_keys = {intents[c.intent_seq].idempotency_key for c in completions if c.intent_seq in intents}
-    checkpoints = max((s.number for s in snapshots), default=0)
+    checkpoints = max((s.number for s in snapshots if not s.damaged), default=0)
     doc = {
         "id": run.run_id,
         "tenant": run.tenant,
@@ -151,7 +151,8 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "waits": pending_waits(store, run_id),
         "children": [dict(e.data)["child"] for e in events if e.kind == "spawned"],
         "parent": next((dict(e.data).get("parent") for e in events if e.kind == "started"), None),
-        "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size} for s in snapshots],
+        "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size}
+                      if not s.damaged else {"number": s.number, "damaged": True} for s in snapshots],
         "events": [{**dict(e.data), "kind": e.kind, "time": e.time, "data": dict(e.data)} for e in events],
     }
     if as_json:
@@ -167,6 +168,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         print(f"  result     {json.dumps(doc['result'])}")
     if doc["error"]:
         print(f"  error      {doc['error']}")
+    for s in snapshots:
+        if s.damaged:
+            print(f"  damaged    snapshot {s.number} fails verification (recovery skips it)")
     for child in doc["children"]:
         print(f"  child      {child}")
     for w in doc["waits"]:

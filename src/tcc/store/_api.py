@@ -99,6 +99,9 @@ class SnapshotInfo:
 
     ``journal_len`` is the number of journal records that existed when the
     snapshot committed: the snapshot reflects exactly journal[0:journal_len].
+    A ``damaged`` snapshot's record failed verification: only its number is
+    known (the other fields are -1 / 0.0) and loading it raises
+    StoreCorruptError.
     """
 
     run_id: str
@@ -107,6 +110,7 @@ class SnapshotInfo:
     size: int
     created: float
     pinned: bool = False
+    damaged: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +244,8 @@ class Store(Protocol):
         ...
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
-        """Retained snapshots of the run, oldest first."""
+        """Retained snapshots of the run, oldest first; records that fail
+        verification are listed with ``damaged=True``, never dropped silently."""
         ...
 
     def load_snapshot(self, run_id: str, number: int | None = None) -> bytes:

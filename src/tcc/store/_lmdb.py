@@ -428,7 +428,12 @@ class LmdbStore(Maintenance):
         return row, pending
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
-        """Stored snapshots of the run, oldest first (records verified)."""
+        """Stored snapshots of the run, oldest first.
+
+        Every record is verified; one that fails is listed with
+        ``damaged=True`` (only its number is known), so a forged or damaged
+        record neither hides the others nor passes for a real one.
+        """
         rid = self._rid(run_id)
         pfx = prefix(self._t, rid)
 
@@ -439,9 +444,11 @@ class LmdbStore(Maintenance):
             for number, key, value in snap_rows(txn, self._dbs["snaps"], pfx):
                 try:
                     h, _ = self._sealer.open(b"snaps", key, value)
-                except Corrupt as exc:
-                    raise self._corrupt(f"run {run_id!r} snapshot {number} record", exc) from None
-                out.append(SnapshotInfo(run_id, number, h["j"], h["s"], h["t"], number in pinned))
+                    info = SnapshotInfo(run_id, number, int(h["j"]), int(h["s"]), float(h["t"]),
+                                        number in pinned)
+                except (Corrupt, KeyError, TypeError, ValueError):
+                    info = SnapshotInfo(run_id, number, -1, -1, 0.0, number in pinned, damaged=True)
+                out.append(info)
             return out
 
         return self._read(op)
