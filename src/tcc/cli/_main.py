@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Any, Sequence
 
 from .. import _version
@@ -324,7 +325,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+_python_show_warning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """tcc's own warnings as one ``tcc: warning: ...`` line; others as Python shows them."""
+    if category.__module__.startswith("tcc."):  # e.g. StoreSecurityWarning
+        text = str(message)
+        print(f"tcc: {text}" if text.startswith("warning:") else f"tcc: warning: {text}",
+              file=file or sys.stderr)
+        return
+    _python_show_warning(message, category, filename, lineno, file, line)
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    warnings.showwarning = _show_warning
     parser = _parser()
     args = parser.parse_args(argv)
     if getattr(args, "command", None) in ("run", "resume"):
