@@ -47,6 +47,7 @@ __all__ = [
 SECRET_NAME = "secret"
 _VERSION = 1
 _MAC_LEN = 16
+_JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps with options builds one per call
 _NAME_RE = re.compile(r"[A-Za-z0-9._:@+=-]{1,128}\Z")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct(">Q")
@@ -151,7 +152,7 @@ class Sealer:
                 lens.append([name, len(blob)])
                 parts.append(bytes(blob))
             header = {**header, "_b": lens}
-        hjson = json.dumps(header, separators=(",", ":")).encode()
+        hjson = _JSON.encode(header).encode()
         body = bytes([_VERSION]) + _U32.pack(len(hjson)) + hjson + b"".join(parts)
         return self._mac(db, key, body) + body
 
