@@ -105,7 +105,9 @@ def run_child(store_src: pathlib.Path, data: bytes, work: pathlib.Path, env: dic
     store.mkdir(parents=True, mode=0o700)
     (store / "data.mdb").write_bytes(data)
     os.chmod(store / "data.mdb", 0o600)  # as tcc creates it: no permission warning in the way
-    shutil.copy2(store_src / "secret", store / "secret")
+    for name in ("secret", "initialised"):  # the store's other files, as they are
+        if (store_src / name).exists():
+            shutil.copy2(store_src / name, store / name)
     out, cmds = work / "out.json", work / "commands.json"
     cmds.write_text(json.dumps(COMMANDS))
     try:
@@ -430,11 +432,12 @@ def test_truncated_data_file_is_a_clear_error(pristine: Pristine, tmp_path: path
     assert "other" not in got, got
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an empty (0-byte) data.mdb next to the store's secret is silently "
-                   "re-initialised as a new, empty store: `tcc ls` exits 0 with no runs and every run is gone, "
-                   "instead of a clear error saying the data file is empty/damaged")
 def test_empty_data_file_is_not_silently_reinitialised(pristine: Pristine, tmp_path: pathlib.Path) -> None:
-    """A store whose data.mdb was emptied refuses to open instead of starting over empty."""
+    """A store whose data.mdb was emptied refuses to open instead of starting over empty.
+
+    Regression (found by the reliability campaign): LMDB re-initialised a
+    0-byte data.mdb as a new, empty store, so `tcc ls` exited 0 with no runs.
+    """
     run, got = outcomes_on(pristine, b"", tmp_path)
     assert run.code == 0, run.tail
     ls = run.results[0]

@@ -11,7 +11,7 @@ import pytest
 from store_helpers import payload, run_python
 
 import tcc.store
-from tcc.errors import FencedError, RunNotFoundError, StoreError, StoreNotFoundError
+from tcc.errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError, StoreNotFoundError
 from tcc.store import Completion, LmdbStore, Store, open_store
 
 
@@ -307,3 +307,30 @@ def test_creation_killed_mid_secret_leaves_a_usable_directory(tmp_path):
         run = s.create_run("e")
         assert s.get_run(run.run_id).entry == "e"
     assert not (folder / "secret.999999999.tmp").exists()
+
+
+@pytest.mark.parametrize("damage", ["emptied", "deleted"])
+def test_lost_data_file_of_an_initialised_store_is_an_error(store_path: str, damage: str) -> None:
+    """An initialised store whose data.mdb is gone or empty is reported, never silently re-created."""
+    with open_store(store_path) as s:
+        s.create_run("e", run_id="r")
+    data = os.path.join(store_path, "data.mdb")
+    if damage == "emptied":
+        open(data, "wb").close()
+    else:
+        os.unlink(data)
+    for _ in range(2):  # and the failed open did not create a fresh file either
+        with pytest.raises(StoreCorruptError, match="data.mdb .*store .* was initialised"):
+            open_store(store_path)
+    assert damage == "emptied" or not os.path.exists(data)
+
+
+def test_store_whose_creator_died_before_the_data_file_is_created_normally(store_path: str) -> None:
+    """A secret with no data file and no 'initialised' mark is a store never finished: open creates it."""
+    with open_store(store_path):
+        pass
+    os.unlink(os.path.join(store_path, "data.mdb"))
+    os.unlink(os.path.join(store_path, "initialised"))
+    with open_store(store_path) as s:
+        assert s.list_runs() == []
+    assert os.path.exists(os.path.join(store_path, "initialised"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import threading
 import time
@@ -39,7 +40,10 @@ DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins"
 FORMAT = {"magic": "tcc-store", "version": 2}
 _UPGRADABLE = (1,)
 LOCK_NAME = "tcc.lock"
-_OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME}
+# Created once the store's format header is committed: from then on a missing
+# or empty data.mdb means lost records, not a store still being created.
+INIT_MARK = "initialised"
+_OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME, INIT_MARK}
 DEFAULT_MAP_SIZE = 1 << 30
 DEFAULT_MAX_MAP_SIZE = 1 << 40
 
@@ -138,6 +142,20 @@ class _Retry(Exception):
     """Internal: redo a group batch without the closure that failed."""
 
 
+def _mark_initialised(path: str) -> None:
+    """Create the INIT_MARK file (once): the format header is committed."""
+    mark = os.path.join(path, INIT_MARK)
+    if os.path.exists(mark):
+        return
+    try:
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return
+    except OSError:  # a read-only store directory: the check simply stays off
+        return
+    _fsync_dir(path)
+
+
 class _Pending:
     __slots__ = ("fn", "result", "exc", "done")
 
@@ -198,7 +216,16 @@ class EnvHandle:
         if os.path.exists(path) and not os.path.isdir(path):
             raise StoreCorruptError(f"store path {path} is a file, not a store directory; "
                                     "choose another path (TCC_STORE)")
-        has_data = os.path.exists(os.path.join(path, "data.mdb"))
+        data = os.path.join(path, "data.mdb")
+        has_data = os.path.exists(data)
+        if os.path.exists(os.path.join(path, INIT_MARK)):
+            size = os.path.getsize(data) if has_data else None
+            if size is None or size < 2 * mmap.PAGESIZE:  # not even LMDB's two meta pages
+                what = "is missing" if size is None else f"is empty ({size} bytes)"
+                raise StoreCorruptError(
+                    f"the data file {data} {what}, but store {path} was initialised: its runs "
+                    "and snapshots are gone. Restore data.mdb from a backup, or delete the store "
+                    "directory to start over")
         if not has_data and not create:
             raise StoreNotFoundError(
                 f"no tcc store at {path}; create it (open_store(create=True)) or point "
@@ -263,6 +290,7 @@ class EnvHandle:
             self.env.close()
             raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store ({exc}); "
                                     "choose another path") from None
+        _mark_initialised(path)
 
     def _check_format(self, txn: Any) -> None:
         import json
