@@ -220,3 +220,41 @@ def test_large_fuzz_campaign(seeds, tmp_path, monkeypatch):
     test_mutated_sealed_blobs_are_all_refused(seeds, tmp_path)
     test_mutated_payloads_never_crash_the_loader(seeds, tmp_path)
     test_corrupted_frame_records_are_rejected_or_written_safely(tmp_path)
+
+
+class _FillAgain:
+    """Pickles as one more ``fill_generator(gen, record)`` call for an already-filled generator."""
+
+    def __init__(self, gen, record):
+        self.gen, self.record = gen, record
+
+    def __reduce__(self):
+        from tcc.capture import _records
+
+        return (_records.fill_generator, (self.gen, self.record))
+
+
+def test_two_records_for_one_generator_are_refused_before_any_frame_is_written():
+    """Regression (found by atheris): a payload filling one generator twice was half-restored.
+
+    Both records passed the per-record check, the first frame was written and
+    the second write raised a bare ValueError; the half-restored coroutine then
+    ran its ``finally`` block when collected.  Now: RestoreError, no frame
+    written, no user code run.
+    """
+    import gc
+
+    from tcc import _native
+    from tcc.capture import _records, dump_payload, seal
+
+    task = programs.PROGRAMS["with_cleanup"]()
+    pending = programs.advance(task, 1)
+    state, offset, slots, exc, _func = _native.read_frame(task, _records.NULL)
+    record = (1, state, offset, slots, exc, task.__name__, task.__qualname__)
+    blob = seal(dump_payload((task, _FillAgain(task, record))))
+    programs.drive(task, first=pending)
+    programs.CLEANUP_LOG.clear()
+    with pytest.raises(tcc.RestoreError, match="two frame records for one generator of with_cleanup"):
+        tcc.loads(blob)
+    gc.collect()
+    assert programs.CLEANUP_LOG == []

@@ -229,3 +229,24 @@ def _snap_keys(path: str) -> list[bytes]:
     keys: list[bytes] = []
     _edit(path, b"snaps", lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
     return keys
+
+
+@pytest.mark.parametrize("header,tail", [
+    (b'{"a":', b""), (b'{"a":"\x8c"}', b""), (b"[1, 2]", b""), (b"7", b""),
+    (b'{"_b":[["m"]]}', b""), (b'{"_b":[["m","x"]]}', b"abc"), (b'{"_b":5}', b""),
+    (b'{"_b":[["m",99]]}', b"abc"), (b'{"_b":[["m",-1]]}', b"abc"), (b"{}", b"trailing"),
+    (b"[" * 100_000, b""),
+], ids=["truncated", "not-utf8", "list", "int", "short-entry", "str-length", "table-int",
+        "past-end", "negative", "trailing", "deep"])
+def test_records_whose_mac_verifies_but_body_is_malformed_are_corrupt(header: bytes, tail: bytes) -> None:
+    """Regression (found by atheris): Sealer.open raised JSONDecodeError/TypeError/RecursionError
+    on a MAC-valid but malformed body; every malformation is now Corrupt."""
+    import struct
+
+    from tcc.store._codec import Corrupt, Sealer
+
+    sealer = Sealer(bytes(range(32)))
+    body = b"\x01" + struct.pack("<I", len(header)) + header + tail
+    value = sealer._mac(b"runs", b"k", body) + body  # what a holder of the secret could write
+    with pytest.raises(Corrupt):
+        sealer.open(b"runs", b"k", value)

@@ -77,6 +77,14 @@ def _write_frames(pending: list[tuple[Any, Any]]) -> None:
     if not pending:
         return
     checked = [_check_record(gen, record) for gen, record in pending]
+    filled: set[int] = set()
+    for (gen, *_rest), name, _qualname in checked:
+        if id(gen) in filled:  # found by fuzzing: the second write would fail half-way
+            code = _frames.code_of(gen)
+            raise errors.CorruptSnapshotError(
+                f"two frame records for one generator of {code.co_qualname}() "
+                f"({code.co_filename}:{code.co_firstlineno}); nothing was restored")
+        filled.add(id(gen))
     # Every record is valid: only now is any frame written.
     native = _frames.native()
     for args, name, qualname in checked:

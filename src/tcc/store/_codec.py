@@ -169,10 +169,27 @@ class Sealer:
         if body[0] != _VERSION:
             raise Corrupt(f"unknown record version {body[0]}")
         (hlen,) = _U32.unpack_from(body, 1)
-        header: dict[str, Any] = json.loads(body[5 : 5 + hlen])
+        if 5 + hlen > len(body):
+            raise Corrupt("record header runs past the record")
+        # A record that verifies was written by a holder of the secret, but
+        # decode it defensively anyway: every malformation is Corrupt.
+        try:
+            header = json.loads(body[5 : 5 + hlen])
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise Corrupt(f"record header is not JSON: {type(exc).__name__}") from None
+        if not isinstance(header, dict):
+            raise Corrupt("record header is not a JSON object")
+        layout = header.pop("_b", [])
+        if not isinstance(layout, list):
+            raise Corrupt("record blob table is malformed")
         blobs: dict[str, bytes] = {}
         pos = 5 + hlen
-        for name, n in header.pop("_b", ()):
-            blobs[name] = body[pos : pos + n]
-            pos += n
+        for item in layout:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                    and type(item[1]) is int and 0 <= item[1] <= len(body) - pos):
+                raise Corrupt("record blob table is malformed")
+            blobs[item[0]] = body[pos : pos + item[1]]
+            pos += item[1]
+        if pos != len(body):
+            raise Corrupt("record has bytes beyond its blobs")
         return header, blobs
