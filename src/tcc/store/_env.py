@@ -30,6 +30,7 @@ import lmdb
 
 from ..errors import StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError
 from ._codec import SECRET_NAME, Corrupt, Sealer, load_or_create_secret
+from ._lmdbcheck import LmdbDamageError, check_data_file
 
 __all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
 
@@ -43,6 +44,8 @@ LOCK_NAME = "tcc.lock"
 # Created once the store's format header is committed: from then on a missing
 # or empty data.mdb means lost records, not a store still being created.
 INIT_MARK = "initialised"
+# data files up to this size get a full structural walk at open (~5 ms per 10 MiB)
+FULL_CHECK_MAX = 256 << 20
 _OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME, INIT_MARK}
 DEFAULT_MAP_SIZE = 1 << 30
 DEFAULT_MAX_MAP_SIZE = 1 << 40
@@ -265,12 +268,20 @@ class EnvHandle:
                 # One read txn for both facts: another process may be initialising
                 # the store right now, and mixing snapshots misjudges it as foreign.
                 with self.env.begin() as txn:  # look before writing anything into a foreign file
+                    # Before LMDB touches a tree page: a damaged page kills the
+                    # process (SIGBUS/SIGABRT) instead of raising.  The read txn
+                    # pins the pages of the snapshot being checked.
+                    if not self._check_structure(txn):
+                        continue  # writers moved on past the snapshot: look again
                     entries = txn.stat()["entries"]
                     is_ours = txn.get(b"meta") is not None
                 break
             except lmdb.MapResizedError:  # another process grew the map: adopt its size
                 self.env.set_mapsize(0)
                 self.map_size = self.env.info()["map_size"]
+        else:
+            self.env.close()
+            raise StoreError(f"cannot open store {path}: it changed under every attempt to check it")
         if entries and not is_ours:
             self.env.close()
             raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store; "
@@ -291,6 +302,34 @@ class EnvHandle:
             raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store ({exc}); "
                                     "choose another path") from None
         _mark_initialised(path)
+
+    def _check_structure(self, txn: Any) -> bool:
+        """Verify data.mdb's page structure for ``txn``'s snapshot (False: look again).
+
+        ``TCC_STORE_CHECK``: ``auto`` (default: a full walk up to
+        FULL_CHECK_MAX bytes, the cheap checks beyond), ``full``, ``quick`` or
+        ``off``.  Raises StoreCorruptError (and closes the environment) on damage.
+        """
+        mode = os.environ.get("TCC_STORE_CHECK", "auto")
+        if mode not in ("auto", "full", "quick", "off"):
+            self.env.close()
+            raise StoreError(f"TCC_STORE_CHECK must be auto, full, quick or off, not {mode!r}")
+        if mode == "off":
+            return True
+        data = os.path.join(self.path, "data.mdb")
+        try:
+            full = mode == "full" or (mode == "auto" and os.path.getsize(data) <= FULL_CHECK_MAX)
+            check_data_file(data, txnid=txn.id(), full=full)
+        except LookupError:  # two commits replaced the meta page of this txn's snapshot
+            return False
+        except (LmdbDamageError, OSError) as exc:
+            txn.abort()
+            self.env.close()
+            raise StoreCorruptError(
+                f"store {self.path}: data.mdb is damaged ({exc}); nothing was read from it. "
+                "Restore the store from a backup; `tcc gc --compact` on a copy may salvage "
+                "what is intact") from None
+        return True
 
     def _check_format(self, txn: Any) -> None:
         import json
