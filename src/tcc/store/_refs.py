@@ -274,8 +274,8 @@ def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
     for run, held in newest.items():
         per_run[run] |= held.pending
     truth: dict[int, int] = {}
-    for held in per_run.values():
-        for cid in held:
+    for ids in per_run.values():
+        for cid in ids:
             truth[cid] = truth.get(cid, 0) + 1
     db = dbs["chunks"]
     present: dict[int, int | None] = {}  # id -> stored count (None: data without count)
