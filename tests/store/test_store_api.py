@@ -334,3 +334,45 @@ def test_store_whose_creator_died_before_the_data_file_is_created_normally(store
     with open_store(store_path) as s:
         assert s.list_runs() == []
     assert os.path.exists(os.path.join(store_path, "initialised"))
+
+
+def test_consumption_whose_journal_record_was_lost_leaves_the_signal_pending(store_path: str) -> None:
+    """A signal consumed by a checkpoint whose completion record is gone (lost write) is pending again.
+
+    Consumption and its completion record commit in one transaction, so a
+    tombstone without that record means the store lost writes: the run's
+    surviving state never saw the signal, which must not be lost with them.
+    """
+    import lmdb
+
+    with open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        assert s.send_signal("r", "go@1", b'{"approved": true}')
+        seq = s.append_intent("r", run.epoch, "wait")
+        s.checkpoint("r", run.epoch, b"state", completion=Completion(seq, result=b"ok"),
+                     consume_signal="go@1")
+        assert (s.peek_signal("r", "go@1"), s.signal_state("r", "go@1")) == (None, "consumed")
+        assert s.journal("r")[-1].kind == "completion"
+        lost = s.journal("r")[-1].seq
+    env = lmdb.open(store_path, max_dbs=16)
+    with env.begin(write=True) as txn:
+        journal = env.open_db(b"journal", txn=txn)
+        assert txn.delete(b"default\x00r\x00" + lost.to_bytes(8, "big"), db=journal)
+    env.close()
+    with open_store(store_path) as s:
+        assert s.signal_state("r", "go@1") == "pending"
+        assert s.peek_signal("r", "go@1") == b'{"approved": true}'
+        assert s.pending_signals("r") == ["go@1"]
+        s.checkpoint("r", run.epoch, b"again", completion=Completion(seq, result=b"ok"),
+                     consume_signal="go@1")
+        assert s.signal_state("r", "go@1") == "consumed"
+        assert s.send_signal("r", "go@1", b"{}") is False  # still delivered once, ever
+
+
+def test_consumption_without_a_completion_is_final(store_path: str) -> None:
+    """A checkpoint that consumes a signal without journaling a completion never re-opens it."""
+    with open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        s.send_signal("r", "go@1", b"1")
+        s.checkpoint("r", run.epoch, b"state", consume_signal="go@1")
+        assert s.signal_state("r", "go@1") == "consumed" and s.peek_signal("r", "go@1") is None

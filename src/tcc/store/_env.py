@@ -558,8 +558,12 @@ class EnvHandle:
                     "and run `tcc gc` again") from None
             try:
                 before = self.file_size()
+                # With the exclusive lock no other compaction is running: any
+                # compact.* left here is the copy of one that was killed.
+                for name in os.listdir(self.path):
+                    if name.startswith("compact."):
+                        shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
                 tmp = os.path.join(self.path, f"compact.{os.getpid()}")
-                shutil.rmtree(tmp, ignore_errors=True)
                 os.mkdir(tmp, 0o700)
                 try:
                     self._enter()

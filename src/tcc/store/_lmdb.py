@@ -217,17 +217,18 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> int:
             self._fence(txn, rid, epoch)
-            if consume_signal is not None:
-                self._consume_or_fence(txn, run_id, rid, consume_signal, epoch)
             seq = last_seq(txn, self._dbs["journal"], prefix(self._t, rid)) + 1
+            if consume_signal is not None:
+                self._consume_or_fence(txn, run_id, rid, consume_signal, epoch, seq)
             self._completion(txn, rid, seq, completion, time.time())
             return seq
 
         return self._write(op)
 
-    def _consume_or_fence(self, txn: Any, run_id: str, rid: bytes, name: str, epoch: int) -> None:
+    def _consume_or_fence(self, txn: Any, run_id: str, rid: bytes, name: str, epoch: int,
+                          jseq: int | None) -> None:
         skey = prefix(self._t, rid) + check_name("signal name", name)
-        if self._consume_signal(txn, run_id, skey, name, epoch) is None:
+        if self._consume_signal(txn, run_id, skey, name, epoch, jseq) is None:
             raise FencedError(
                 f"signal {name!r} of run {run_id!r} in store {self.path} is no longer pending "
                 "(another process consumed it)")
@@ -316,9 +317,10 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> SnapshotInfo:
             self._fence(txn, rid, epoch)
-            if consume_signal is not None:
-                self._consume_or_fence(txn, run_id, rid, consume_signal, epoch)
             jlen = last_seq(txn, dbs["journal"], pfx) + 1
+            if consume_signal is not None:  # recorded by the completion at jlen, if any
+                self._consume_or_fence(txn, run_id, rid, consume_signal, epoch,
+                                       jlen if completion is not None else None)
             if completion is not None:
                 self._completion(txn, rid, jlen, completion, now)
                 jlen += 1

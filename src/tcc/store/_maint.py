@@ -56,19 +56,41 @@ class Maintenance(StoreCore):
 
         return self._write(op)
 
-    def _consume_signal(self, txn: Any, run_id: str, key: bytes, name: str, epoch: int) -> bytes | None:
-        """Inside a write txn: tombstone a pending signal and return its value."""
+    def _consume_signal(self, txn: Any, run_id: str, key: bytes, name: str, epoch: int,
+                        jseq: int | None = None) -> bytes | None:
+        """Inside a write txn: tombstone a pending signal and return its value.
+
+        ``jseq`` is the journal sequence number of the completion that records
+        the consumption in the same transaction; the tombstone keeps it and
+        the value, so a consumption whose completion record is missing (the
+        store lost writes) is recognised and the signal counts as pending.
+        """
         found = self._open_signal(txn, run_id, key, name)
         if found is None:
             return None
         hdr, blobs = found
-        if hdr["s"] != "pending":
+        if hdr["s"] != "pending" and not self._orphaned(txn, key, hdr):
             return None
-        tomb = self._sealer.seal(b"signals", key, {"s": "consumed", "t": hdr["t"],
-                                                   "c": time.time(), "e": epoch})
-        txn.put(key, tomb, db=self._dbs["signals"])
+        tomb_hdr = {"s": "consumed", "t": hdr["t"], "c": time.time(), "e": epoch}
+        if jseq is not None:
+            tomb_hdr["j"] = jseq
         value: bytes = blobs["v"]
+        tomb = self._sealer.seal(b"signals", key, tomb_hdr, {"v": value})
+        txn.put(key, tomb, db=self._dbs["signals"])
         return value
+
+    def _orphaned(self, txn: Any, key: bytes, hdr: dict[str, Any]) -> bool:
+        """A consumed signal whose consuming completion record is not in the journal.
+
+        Consumption and that record commit in one transaction, so this only
+        happens when the store lost writes (a stale page, a restored backup):
+        the run's surviving state has not seen the signal, and it is pending.
+        """
+        j = hdr.get("j")
+        if hdr["s"] != "consumed" or type(j) is not int or j < 0:
+            return False
+        run_prefix = key[: key.index(b"\x00", key.index(b"\x00") + 1) + 1]
+        return txn.get(run_prefix + u64(j), db=self._dbs["journal"]) is None
 
     def _open_signal(self, txn: Any, run_id: str, key: bytes, name: str) -> tuple[Any, Any] | None:
         """The verified (header, blobs) of a signal record, or None if never sent."""
@@ -95,12 +117,16 @@ class Maintenance(StoreCore):
         return None if found is None else str(found[0]["s"])
 
     def _signal(self, run_id: str, name: str) -> tuple[Any, Any] | None:
+        """The signal's verified (header, blobs); an orphaned consumption reads as pending."""
         rid = self._rid(run_id)
         key = prefix(self._t, rid) + check_name("signal name", name)
 
         def op(txn: Any) -> tuple[Any, Any] | None:
             self._load_run(txn, rid)
-            return self._open_signal(txn, run_id, key, name)
+            found = self._open_signal(txn, run_id, key, name)
+            if found is not None and self._orphaned(txn, key, found[0]):
+                return {**found[0], "s": "pending"}, found[1]
+            return found
 
         return self._read(op)
 
@@ -117,7 +143,7 @@ class Maintenance(StoreCore):
                     hdr, _ = self._sealer.open(b"signals", key, raw)
                 except Corrupt as exc:
                     raise self._corrupt(f"a signal of run {run_id!r}", exc) from None
-                if hdr["s"] == "pending":
+                if hdr["s"] == "pending" or self._orphaned(txn, bytes(key), hdr):
                     out.append(key[len(pfx):].decode())
             return out
 
@@ -171,10 +197,13 @@ class Maintenance(StoreCore):
             if txn.get(self._t + b"\x00" + new, db=dbs["runs"]) is not None:
                 raise StoreError(f"run {new.decode()!r} already exists in store {self.path}")
             num = number if number is not None else last_seq(txn, dbs["snaps"], sp)
-            skey = seq_key(self._t, src, num)
-            sval = txn.get(skey, db=dbs["snaps"])
-            if num < 0 or sval is None:
-                raise StoreError(f"run {run_id!r} in store {self.path} has no snapshot {number}")
+            # (a run killed inside its first effect has no snapshot: num is -1)
+            sval = txn.get(seq_key(self._t, src, num), db=dbs["snaps"]) if num >= 1 else None
+            skey = seq_key(self._t, src, max(num, 0))
+            if sval is None:
+                which = f"snapshot {number}" if number is not None else (
+                    "snapshot yet (it stopped before its first checkpoint): resume it first")
+                raise StoreError(f"run {run_id!r} in store {self.path} has no {which}")
             try:
                 hdr, blobs = sealer.open(b"snaps", skey, sval)
             except Corrupt as exc:
