@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any, Callable, cast
 
+from .._proc import pid_alive
 from ..store import RunInfo, Store
 
 HOST = socket.gethostname()
@@ -58,12 +59,7 @@ def _owner_dead(run: RunInfo, now: float) -> bool:
     if run.lease_expiry <= now:
         return True
     if run.owner_host == HOST:
-        try:
-            os.kill(run.owner_pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
+        return not pid_alive(run.owner_pid)
     return False
 
 

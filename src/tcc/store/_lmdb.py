@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Any
 
+from .._proc import pid_alive
 from ..errors import FencedError, StoreCorruptError, StoreError
 from ._api import RUN_STATUSES, Completion, JournalRecord, RunInfo, SnapshotInfo
 from ._chunks import (
@@ -109,12 +110,7 @@ class LmdbStore(Maintenance):
             mine = hdr["host"] == HOST and hdr["pid"] == os.getpid()
             alive = hdr["lease"] > now and not mine and not steal
             if alive and hdr["host"] == HOST:
-                try:
-                    os.kill(hdr["pid"], 0)
-                except ProcessLookupError:
-                    alive = False
-                except PermissionError:
-                    pass
+                alive = pid_alive(hdr["pid"])
             if alive:
                 raise FencedError(
                     f"run {run_id!r} in store {self.path} is owned by {hdr['host']}:{hdr['pid']} "
