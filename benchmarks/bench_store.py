@@ -213,9 +213,13 @@ def _wchar() -> int:
     return 0
 
 
-def bytes_per_step(steps: int, marks: tuple[int, ...], window: int = 20,
+def bytes_per_step(steps: int, marks: tuple[int, ...], window: int = 80,
                    opener: Callable[..., Any] = open_store) -> list[dict[str, Any]]:
-    """Bytes written per checkpoint of a growing transcript vs. the raw 1 KiB-delta floor."""
+    """Bytes written per checkpoint of a growing transcript vs. the raw 1 KiB-delta floor.
+
+    Means over the ``window`` steps up to each mark: chunk releases are applied
+    in batches (one commit in ~20 writes more), so a window must span several.
+    """
     acc: dict[int, list[float]] = {m: [0.0, 0.0, 0.0] for m in marks if m <= steps}
     with tempfile.TemporaryDirectory() as d:
         s = opener(os.path.join(d, "s"), durability="none")
