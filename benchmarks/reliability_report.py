@@ -5,7 +5,7 @@
 
 Runs the crash campaign (tests/runtime/test_crash.py), the snapshot fuzzers
 (tests/capture/test_fuzz.py) and tests/reliability/ under pytest with output
-shown, then prints every summary line the suites emit (``kills=``,
+shown, then prints every summary line the suites emit (``kills=``, ``fuzz:``,
 ``corruption:``, ``concurrency:``, ``faults:``, ``oscrash:``) and pytest's own
 closing line.
 """
@@ -18,9 +18,10 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SUITES = ["tests/runtime/test_crash.py", "tests/capture/test_fuzz.py", "tests/reliability"]
+SUITES = ["tests/runtime/test_crash.py", "tests/capture/test_fuzz.py", "tests/store/test_lmdbcheck.py",
+          "tests/reliability"]
 FIGURES = re.compile(
-    r"^(kills=|corruption:|concurrency:|faults:|oscrash:|=+ .*(passed|failed).*=+$|\d+ (passed|failed)\b)"
+    r"^(kills=|fuzz:|corruption:|concurrency:|faults:|oscrash:|=+ .*(passed|failed).*=+$|\d+ (passed|failed)\b)"
 )
 
 

@@ -12,7 +12,9 @@ test (the last mutant it started is written out for reproduction):
   ``write_frame`` with corrupted offsets, states, slot counts, cell slots and
   exception state.
 
-Sizes: ``TCC_FUZZ_MUTANTS`` per layer (default 300; the slow tier runs 3000).
+Sizes: ``TCC_FUZZ_MUTANTS`` per layer (default 300); the slow tier runs
+``TCC_SLOW_FUZZ_MUTANTS`` per layer (default 30000).  Each layer prints one
+``fuzz:`` line with its outcomes (for benchmarks/reliability_report.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from childrun import child_env
 from tcc.capture import _blob
 
 MUTANTS = int(os.environ.get("TCC_FUZZ_MUTANTS", "300"))
+SLOW_MUTANTS = int(os.environ.get("TCC_SLOW_FUZZ_MUTANTS", "30000"))
 
 CHILD = r"""
 import base64, json, os, sys
@@ -156,6 +159,10 @@ def run_child(tmp_path, mode: str, *args: str) -> dict[str, int]:
         preexec_fn=limit_memory,
     )
     lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        outcomes = json.loads(lines[-1])
+        print(f"\nfuzz: layer={mode} mutants={sum(outcomes.values())} signals=0 "
+              f"outcomes={json.dumps(outcomes, sort_keys=True)}")
     if proc.returncode != 0:
         last = lines[-1] if lines else "?"
         (tmp_path / "crasher.txt").write_text(f"mode={mode} args={args} last-index={last}\n")
@@ -215,8 +222,8 @@ def test_corrupted_frame_records_are_rejected_or_written_safely(tmp_path):
 
 @pytest.mark.slow
 def test_large_fuzz_campaign(seeds, tmp_path, monkeypatch):
-    """The slow tier: 3000 mutants per layer."""
-    monkeypatch.setattr(sys.modules[__name__], "MUTANTS", 3000)
+    """The slow tier: TCC_SLOW_FUZZ_MUTANTS (default 30000) mutants per layer."""
+    monkeypatch.setattr(sys.modules[__name__], "MUTANTS", SLOW_MUTANTS)
     test_mutated_sealed_blobs_are_all_refused(seeds, tmp_path)
     test_mutated_payloads_never_crash_the_loader(seeds, tmp_path)
     test_corrupted_frame_records_are_rejected_or_written_safely(tmp_path)

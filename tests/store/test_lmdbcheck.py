@@ -529,8 +529,10 @@ def test_fuzz_only_report_or_damage(small: bytes, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fuzz_campaign(small: bytes, tmp_path: Path) -> None:
-    """A larger fuzz campaign: still only reports or LmdbDamageError."""
-    _fuzz(small, tmp_path, 20000, seed=12)
+    """A larger fuzz campaign (TCC_SLOW_CHECK_MUTANTS, default 20000): still only reports or LmdbDamageError."""
+    n = int(os.environ.get("TCC_SLOW_CHECK_MUTANTS", "20000"))
+    seen = _fuzz(small, tmp_path, n, seed=12)
+    print(f"\nfuzz: layer=lmdb-structure mutants={n} outcomes={dict(sorted(seen.items()))}")
 
 
 # The child opens each mutant the checker passed, reads every database both ways,
@@ -613,9 +615,13 @@ def test_passing_mutants_do_not_crash_lmdb(small: bytes, tmp_path: Path) -> None
 @pytest.mark.slow
 def test_passing_mutants_campaign(small: bytes, tmp_path: Path) -> None:
     """A larger campaign of passing mutants, each opened by LMDB in a child process."""
+    opened = 0
     for seed in range(30, 40):
         (tmp_path / str(seed)).mkdir()
-        _run_children(_passing_mutants(small, tmp_path / str(seed), 500, seed=seed))
+        paths = _passing_mutants(small, tmp_path / str(seed), 500, seed=seed)
+        _run_children(paths)
+        opened += len(paths)
+    print(f"\nfuzz: layer=lmdb-passing-opened mutants={opened} signals=0")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SIGBUS on a truncated map is Linux behaviour")
