@@ -150,6 +150,7 @@ def split(
             shifts: tuple[int, ...] = (0, shift) if shift else (0,)
         else:
             old, old_cuts, starts, shifts = b"", [], {}, ()
+            old_view = memoryview(old)
         pos = 0
         it = None
         while pos < total:
@@ -195,7 +196,17 @@ def split(
     for i, (o, n, a) in enumerate(cuts):
         piece = view[o : o + n]
         if not a:
-            a = sealer.chunk_id(piece)
+            # Re-cut near the end (where FastCDC's cuts depend on the remaining
+            # length) or after an edit: the same cut over the same bytes keeps
+            # its address, checked with memcmp instead of BLAKE2b.
+            for sh in shifts:
+                j = starts.get(o - sh)
+                if j is not None and old_cuts[j][1] == n and data.startswith(
+                        old_view[o - sh : o - sh + n], o):
+                    a = old_cuts[j][2]
+                    break
+            else:
+                a = sealer.chunk_id(piece)
             cuts[i] = (o, n, a)
         out.append((a, piece))
     if memo is not None:
