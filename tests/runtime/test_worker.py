@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 from helpers import AGENTS, Cli
 
@@ -81,3 +82,26 @@ def test_sigterm_stops_a_run_after_its_commit(tmp_path):
     assert json.loads(out)["status"] == "stopped"
     done = json.loads(cli.run("resume", "--json", "t", check=True).stdout)
     assert done["result"] == [f"did step {i}" for i in range(6)]
+
+
+def test_worker_logs_why_a_resume_failed(tmp_path):
+    """A resume the worker starts that fails is logged with the child's error line, not just its code.
+
+    Found by the kill campaign: the worker discarded its children's stderr, so
+    a failed takeover said only "exited with 1".
+    """
+    ledger = tmp_path / "ledger.txt"
+    script = tmp_path / "agent.py"
+    script.write_text(Path(LEDGER_AGENT).read_text())
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="10")
+    victim = cli.popen("run", "--run-id", "edited", "--lease", "1", str(script))
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    script.write_text(script.read_text().replace("STEPS", "STEPS_CHANGED"))  # the code changed
+    proc = cli.run("worker", "--once")
+    assert proc.returncode == 0, proc.stderr
+    failed = [ln for ln in proc.stderr.splitlines() if "run edited exited with" in ln]
+    assert failed and "exited with 0" not in failed[0], proc.stderr
+    assert "tcc: error:" in failed[0] and "changed" in failed[0], failed

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable, cast
 
@@ -94,17 +95,31 @@ class Worker:
         self.env = env
         self.log = log
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.errs: dict[str, Any] = {}  # run id -> temporary file holding the child's stderr
         self.stopping = False
 
     def stop(self, *_args: Any) -> None:
         self.stopping = True
+
+    def _finished(self, run_id: str, code: int) -> None:
+        """Log a child's exit; a failure with the last line it wrote to stderr."""
+        err = self.errs.pop(run_id, None)
+        why = ""
+        if err is not None:
+            if code != 0:
+                err.seek(0)
+                lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+                if lines:
+                    why = f": {lines[-1].strip()[:300]}"
+            err.close()
+        self.log(f"worker: run {run_id} exited with {code}{why}")
 
     def _reap(self) -> None:
         for run_id, proc in list(self.children.items()):
             code = proc.poll()
             if code is not None:
                 del self.children[run_id]
-                self.log(f"worker: run {run_id} exited with {code}")
+                self._finished(run_id, code)
 
     def tick(self) -> int:
         """One poll: start resumes for due runs; return how many were started."""
@@ -122,8 +137,10 @@ class Worker:
             args = [*self.command, "--debug", "resume", "--store", self.store.path,
                     "--tenant", self.store.tenant, run.run_id]
             self.log(f"worker: resuming {run.run_id} ({reason})")
+            err = tempfile.TemporaryFile()
+            self.errs[run.run_id] = err
             self.children[run.run_id] = subprocess.Popen(
-                args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                args, env=self.env, stdout=subprocess.DEVNULL, stderr=err
             )
             started += 1
         return started
@@ -136,7 +153,7 @@ class Worker:
             if once:
                 for run_id, proc in self.children.items():  # one poll: let them finish
                     proc.wait()
-                    self.log(f"worker: run {run_id} exited with {proc.returncode}")
+                    self._finished(run_id, proc.returncode)
                 self.children.clear()
                 break
             time.sleep(self.poll)
@@ -145,5 +162,5 @@ class Worker:
                 proc.send_signal(signal.SIGTERM)  # they stop after their current commit
         for run_id, proc in self.children.items():
             proc.wait()
-            self.log(f"worker: run {run_id} exited with {proc.returncode}")
+            self._finished(run_id, proc.returncode)
         return 0
