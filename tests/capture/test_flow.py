@@ -546,3 +546,80 @@ def test_null_self_next_to_list_append():
         mutated = slots[:at] + (NULL,) + slots[at + 1 :]
         _flow.check_record_shape(code, offset, mutated, NULL)
     finish(task, pending)
+
+
+# ------------------------------------------------------ rule 4: unchecked slot types
+
+
+def test_wrong_kinds_in_unchecked_slots_are_refused():
+    """Every iterator, exception and re-raise-offset slot of every real record refuses a wrong kind.
+
+    Regression (found by atheris): a record with an int where a for loop keeps
+    its iterator passed every check and crashed the interpreter on resume
+    (FOR_ITER calls the iterator's tp_iternext without a type check).  The same
+    holds for the exception an except block saved (POP_EXCEPT restores it
+    unchecked) and a handler's lasti (RERAISE jumps to it).
+    """
+    found = {"iters": 0, "excs": 0, "lastis": 0}
+    bad = {"iters": 12345, "excs": 12345, "lastis": 1 << 40}
+    for name in sorted(ALL):
+        for k in range(points(name) + 1):
+            task, pending = at_point(name, k)
+            for gen, record in frames_of(task):
+                state, offset, slots, _exc, _func = record
+                if state != _frames.SUSPENDED:
+                    continue
+                code = _frames.code_of(gen)
+                point = _flow._info(code).points.get(offset)
+                if point is None or point.depth is None:
+                    continue
+                nlp = nlocalsplus(code)
+                for kind in found:
+                    mask = getattr(point, kind)
+                    for i in range(nlp, len(slots)):
+                        if not (mask >> (i - nlp)) & 1 or slots[i] is NULL:
+                            continue
+                        found[kind] += 1
+                        broken = list(slots)
+                        broken[i] = bad[kind]
+                        with pytest.raises(ValueError, match=rf"stack\[{i - nlp}\]"):
+                            _flow.check_record_shape(code, offset, tuple(broken), NULL)
+            finish(task, pending)
+    assert all(found.values()), found  # the programs exercise every kind of slot
+
+
+def test_generator_expression_needs_an_iterator_in_dot_zero():
+    """A genexpr's `.0` is looped over unchecked: a non-iterator there is refused."""
+    gen = (x * 2 for x in range(5))
+    next(gen)
+    state, offset, slots, _exc, _func = _native.read_frame(gen, NULL)
+    _flow.check_record_shape(gen.gi_code, offset, slots, NULL)  # the real record passes
+    with pytest.raises(ValueError, match="the iterator the generator expression loops over"):
+        _flow.check_record_shape(gen.gi_code, offset, (7, *slots[1:]), NULL)
+
+
+FRESH_GENEXPR_RUN_DURING_LOAD = """
+import tcc
+from tcc.capture import dump_payload, seal
+
+class ListOf:
+    def __init__(self, gen): self.gen = gen
+    def __reduce__(self): return (list, (self.gen,))   # list(gen) runs while loading
+
+gen = (x * 2 for x in range(3))
+try:
+    tcc.loads(seal(dump_payload([gen, ListOf(gen)])))
+except tcc.RestoreError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_generator_run_before_its_frame_is_filled_does_not_crash(tmp_path):
+    """Regression (found by atheris): a pickle that iterates a generator expression while it is
+    still being loaded ran FOR_ITER on the placeholder None and crashed; now it is refused."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", FRESH_GENEXPR_RUN_DURING_LOAD],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused:" in proc.stdout and "not fresh" in proc.stdout, proc.stdout

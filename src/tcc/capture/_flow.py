@@ -95,6 +95,9 @@ _YIELD_VALUE = _op("YIELD_VALUE")
 # (``o.append(x)`` with ``o = list`` after a few list ``o`` segfaults in pure
 # Python).  A NULL self next to ``list.append`` is therefore refused on 3.13.
 _LIST_APPEND = list.append
+_GET_ITER = _op("GET_ITER")
+_GET_ANEXT = _op("GET_ANEXT")
+_PUSH_EXC_INFO = _op("PUSH_EXC_INFO")
 _EXTENDED_ARG = _op("EXTENDED_ARG")
 
 # Loads of plain locals that dereference without a NULL check exist only on
@@ -158,6 +161,7 @@ class _Instr:
         "kind",
         "arg",
         "pops",
+        "op",
         "fall_effect",
         "jump_effect",
         "target",
@@ -172,6 +176,7 @@ class _Instr:
     kind: int
     arg: int
     pops: int
+    op: int
     fall_effect: int
     jump_effect: int
     target: int
@@ -185,14 +190,19 @@ class _Instr:
 class _Point:
     """What the analysis knows about one suspension point."""
 
-    __slots__ = ("depth", "null_ok", "method_self", "start")
+    __slots__ = ("depth", "null_ok", "method_self", "start", "iters", "excs", "lastis")
 
-    def __init__(self, depth: int | None, null_ok: int, method_self: int, start: int) -> None:
+    def __init__(self, depth: int | None, null_ok: int, method_self: int, start: int,
+                 iters: int = 0, excs: int = 0, lastis: int = 0) -> None:
         self.depth = depth  # exact value-stack depth while suspended; None: unknown
         self.null_ok = null_ok  # bit i: stack[i] may legally be NULL
         # bit i: stack[i] is the NULL-or-self half of a method load (3.13 only)
         self.method_self = method_self
         self.start = start  # index of the instruction a resume runs first
+        # Slots the bytecode uses without a type check (rule 4):
+        self.iters = iters  # bit i: stack[i] came from GET_ITER; FOR_ITER calls its tp_iternext
+        self.excs = excs  # bit i: stack[i] is a caught or saved exception (or None)
+        self.lastis = lastis  # bit i: stack[i] is a handler's lasti; RERAISE jumps to it
 
 
 class _CodeInfo:
@@ -238,10 +248,10 @@ class _CodeInfo:
     def _analyse_stack(self) -> None:
         instrs = self.instrs
         n = len(instrs)
-        states: list[tuple[int, int, int] | None] = [None] * n
+        states: list[tuple[int, ...] | None] = [None] * n
         try:
             if n:
-                _join(states, 0, (0, 0, 0))
+                _join(states, 0, (0, 0, 0, 0, 0, 0))
             work = [0] if n else []
             while work:
                 i = work.pop()
@@ -249,11 +259,14 @@ class _CodeInfo:
                 assert state is not None
                 ins = instrs[i]
                 if ins.handler >= 0:
-                    depth, mask, pmask = state
+                    depth, mask, pmask, imask, emask, lmask = state
                     if ins.hdepth > depth:
                         raise _Undecidable
                     keep = (1 << ins.hdepth) - 1
-                    hstate = (ins.hdepth + ins.hlasti + 1, mask & keep, pmask & keep)
+                    top = ins.hdepth + ins.hlasti  # the exception; lasti below it if pushed
+                    hstate = (top + 1, mask & keep, pmask & keep, imask & keep,
+                              (emask & keep) | (1 << top),
+                              (lmask & keep) | ((1 << ins.hdepth) if ins.hlasti else 0))
                     if _join(states, ins.handler, hstate):
                         work.append(ins.handler)
                 if ins.falls and i + 1 < n:
@@ -277,9 +290,10 @@ class _CodeInfo:
                 if state is None or state[0] < 1:
                     point = _Point(None, -1, 0, i + 1)
                 else:
-                    depth, mask, pmask = state
+                    depth, mask, pmask, imask, emask, lmask = state
                     keep = (1 << (depth - 1)) - 1
-                    point = _Point(depth - 1, mask & keep, pmask & keep if _NULL_ABOVE else 0, i + 1)
+                    point = _Point(depth - 1, mask & keep, pmask & keep if _NULL_ABOVE else 0, i + 1,
+                                   imask & keep, emask & keep, lmask & keep)
                 self.points[ins.offset // 2] = point
 
     # -- rule 3: forward from the resumption point, with the record's NULLs --
@@ -325,6 +339,7 @@ def _decode(code: types.CodeType) -> list[_Instr]:
         x = _Instr()
         x.offset = ins.offset
         x.kind, x.pops = _kind(op, arg)
+        x.op = op
         x.arg = arg or 0
         positions = getattr(ins, "positions", None)
         x.line = positions.lineno if positions is not None else None
@@ -409,14 +424,28 @@ def _join(states: list[Any], i: int, state: tuple[int, ...]) -> bool:
     return False
 
 
-def _step(ins: _Instr, state: tuple[int, int, int], effect: int) -> tuple[int, int, int]:
-    """Stack transfer (depth, may-NULL mask, method-self mask) for rule 2."""
-    depth, mask, pmask = state
+def _step(ins: _Instr, state: tuple[int, ...], effect: int) -> tuple[int, ...]:
+    """Stack transfer (depth, may-NULL mask, method-self mask, iterator, exception
+    and lasti masks) for rules 2 and 4."""
+    depth, mask, pmask, imask, emask, lmask = state
     kind = ins.kind
     if kind == _PUSH_NULL or kind == _LOAD_AND_CLEAR:
-        return depth + 1, mask | (1 << depth), pmask
+        return depth + 1, mask | (1 << depth), pmask, imask, emask, lmask
     new, mask = _stack_step(ins, depth, mask, effect)
-    return new, mask, _stack_step(ins, depth, pmask, effect)[1]
+    pmask = _stack_step(ins, depth, pmask, effect)[1]
+    imask, emask, lmask = (_type_step(ins, depth, m, effect) for m in (imask, emask, lmask))
+    if ins.op == _GET_ITER and new >= 1:
+        imask |= 1 << (new - 1)
+    elif ins.op == _PUSH_EXC_INFO and new >= 2:  # [exc] -> [previous exception, exc]
+        emask |= 3 << (new - 2)
+    return new, mask, pmask, imask, emask, lmask
+
+
+def _type_step(ins: _Instr, depth: int, mask: int, effect: int) -> int:
+    """Transfer of a "this slot holds a value of kind X" mask: nothing pushed has it."""
+    if ins.kind == _PAIR:
+        return mask & ((1 << max(0, depth - ins.pops)) - 1)
+    return _stack_step(ins, depth, mask, effect)[1]
 
 
 def _stack_step(ins: _Instr, depth: int, mask: int, effect: int) -> tuple[int, int]:
@@ -597,6 +626,43 @@ def _slot_name(info: _CodeInfo, index: int) -> str:
     return f"stack[{index - info.nlocalsplus}] (slot {index})"
 
 
+def _is_iterator(value: Any) -> bool:
+    return getattr(type(value), "__next__", None) is not None
+
+
+def _check_types(info: _CodeInfo, offset: int, point: _Point, slots: tuple[Any, ...], null: Any) -> None:
+    """Rule 4: slots the bytecode uses without a type check hold the right kind of object."""
+    nlp = info.nlocalsplus
+    code = info.code
+    if (nlp and code.co_varnames[:1] == (".0",) and code.co_argcount == 1
+            and not any(ins.op == _GET_ANEXT for ins in info.instrs)):
+        # a (sync) generator expression or comprehension: its body runs
+        # FOR_ITER straight on the argument (an async one awaits __anext__)
+        value = slots[0]
+        if value is not null and not _is_iterator(value):
+            raise ValueError(
+                f"record of {_where(info, offset)} has a {type(value).__name__} in "
+                f"{_slot_name(info, 0)}, the iterator the generator expression loops over")
+    units = len(code.co_code) // 2
+    for i in range(nlp, len(slots)):
+        k = i - nlp
+        value = slots[i]
+        if value is null:
+            continue
+        if (point.iters >> k) & 1 and not _is_iterator(value):
+            raise ValueError(
+                f"record of {_where(info, offset)} has a {type(value).__name__} in "
+                f"{_slot_name(info, i)}, where a for loop keeps its iterator")
+        if (point.excs >> k) & 1 and not (value is None or isinstance(value, BaseException)):
+            raise ValueError(
+                f"record of {_where(info, offset)} has a {type(value).__name__} in "
+                f"{_slot_name(info, i)}, where an except block keeps an exception")
+        if (point.lastis >> k) & 1 and not (isinstance(value, int) and 0 <= value <= units):
+            raise ValueError(
+                f"record of {_where(info, offset)} has {value!r} in {_slot_name(info, i)}, "
+                f"where an exception handler keeps the offset (0..{units}) it re-raises at")
+
+
 def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...], null: Any) -> None:
     """Raise ValueError unless ``slots`` has a shape ``code`` can resume at ``offset``.
 
@@ -609,7 +675,13 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
     2. a NULL in a value-stack slot into which no NULL can have been pushed;
     3. (3.12+) a NULL in a plain local that some path from the resumption
        point (including the exception handlers ``throw()``/``close()`` run)
-       reads with an unchecked load before storing to it.
+       reads with an unchecked load before storing to it;
+    4. a value of the wrong kind where the interpreter uses it without a type
+       check: a non-iterator where a for loop keeps its iterator (FOR_ITER
+       calls ``tp_iternext`` directly) or in a generator expression's ``.0``,
+       a non-exception where an except block keeps the caught or saved
+       exception, a handler's re-raise offset that is not an int inside the
+       code (found by fuzzing: each of these crashed the interpreter).
 
     Offsets that are not suspension points are left to ``tcc._native``.
     """
@@ -649,6 +721,7 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
                     "dereference"
                 )
             smask |= 1 << k
+    _check_types(info, offset, point, slots, null)
     if not info.flow_ok or (lmask == 0 and smask == 0):
         return
     hit = info.unchecked_null_read(point, depth, lmask, smask)

@@ -69,7 +69,13 @@ def fresh_generator(func: types.FunctionType) -> Any:
     code = func.__code__
     npos = code.co_argcount
     kwonly = code.co_varnames[npos : npos + code.co_kwonlyargcount]
-    gen = func(*([None] * npos), **dict.fromkeys(kwonly))
+    args: list[Any] = [None] * npos
+    if npos == 1 and code.co_varnames[0] == ".0":
+        # A generator expression loops over ``.0`` without a type check: if a
+        # pickle runs this generator before its frame is filled, it must find
+        # an (empty) iterator there, not None (found by fuzzing: a crash).
+        args[0] = iter(())
+    gen = func(*args, **dict.fromkeys(kwonly))
     if not isinstance(gen, GENERATOR_TYPES):
         raise errors.RestoreError(
             f"{code.co_qualname}() ({code.co_filename}:{code.co_firstlineno}) no "
