@@ -199,7 +199,16 @@ def resume(
     func = _scripts.resolve(run.entry)
     if is_sync(func):
         strategy = "replay"
-    run = store.claim_run(run_id, lease=lease, steal=steal)
+    try:
+        run = store.claim_run(run_id, lease=lease, steal=steal)
+    except errors.FencedError:
+        # Another process finished the run since it was read above: the same
+        # answer (and exit code) as when this process saw it finished.
+        status = store.get_run(run_id).status
+        if status in ("completed", "cancelled"):
+            raise errors.UsageError(
+                f"run {run_id} is already {status}; there is nothing to resume") from None
+        raise
 
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     if snapshot is not None:
