@@ -97,6 +97,7 @@ _YIELD_VALUE = _op("YIELD_VALUE")
 _LIST_APPEND = list.append
 _GET_ITER = _op("GET_ITER")
 _GET_ANEXT = _op("GET_ANEXT")
+_FOR_ITER = _op("FOR_ITER")
 _PUSH_EXC_INFO = _op("PUSH_EXC_INFO")
 _EXTENDED_ARG = _op("EXTENDED_ARG")
 
@@ -200,7 +201,7 @@ class _Point:
         self.method_self = method_self
         self.start = start  # index of the instruction a resume runs first
         # Slots the bytecode uses without a type check (rule 4):
-        self.iters = iters  # bit i: stack[i] came from GET_ITER; FOR_ITER calls its tp_iternext
+        self.iters = iters  # bit i: stack[i] is a for loop's iterator; FOR_ITER calls its tp_iternext
         self.excs = excs  # bit i: stack[i] is a caught or saved exception (or None)
         self.lastis = lastis  # bit i: stack[i] is a handler's lasti; RERAISE jumps to it
 
@@ -436,6 +437,10 @@ def _step(ins: _Instr, state: tuple[int, ...], effect: int) -> tuple[int, ...]:
     imask, emask, lmask = (_type_step(ins, depth, m, effect) for m in (imask, emask, lmask))
     if ins.op == _GET_ITER and new >= 1:
         imask |= 1 << (new - 1)
+    elif ins.op == _FOR_ITER and 1 <= depth <= new:
+        # the iterator FOR_ITER calls (a genexpr loads it with LOAD_FAST .0,
+        # not GET_ITER) stays below the value it pushes
+        imask |= 1 << (depth - 1)
     elif ins.op == _PUSH_EXC_INFO and new >= 2:  # [exc] -> [previous exception, exc]
         emask |= 3 << (new - 2)
     return new, mask, pmask, imask, emask, lmask
