@@ -59,19 +59,25 @@ def test_bit_flips_in_newest_chunk_always_detected(store_path: str) -> None:
     length = len(_edit_get(store_path, b"chunks", newest))
     rng = random.Random(7)
     positions = list(range(min(length, 24))) + [rng.randrange(length) for _ in range(40)]
+    _each_flip_falls_back(store_path, b"chunks", newest, positions, SIZE, rng)
+
+
+def _each_flip_falls_back(store_path: str, db: bytes, key: bytes, positions: list[int], size: int,
+                          rng: random.Random) -> None:
+    """Flip one bit at each position of record ``key``: snapshot 3 is refused, 2 is used, and undo."""
     for pos in positions:
         bit = rng.randrange(8)
-        _flip(store_path, b"chunks", newest, pos, bit)
+        _flip(store_path, db, key, pos, bit)
         with open_store(store_path) as s:
             with pytest.raises(StoreCorruptError, match="run 'r' snapshot 3"):
                 s.load_snapshot("r")
             info, data = s.latest_good_snapshot("r")  # type: ignore[misc]
-            assert (info.number, data) == (2, payload(1, SIZE))
+            assert (info.number, data) == (2, payload(1, size))
             kinds = [e.kind for e in s.events("r")][-2:]
             assert kinds == ["snapshot_corrupt", "fell_back"]
-        _flip(store_path, b"chunks", newest, pos, bit)  # undo
+        _flip(store_path, db, key, pos, bit)  # undo
     with open_store(store_path) as s:
-        assert s.load_snapshot("r") == payload(2, SIZE)
+        assert s.load_snapshot("r") == payload(2, size)
 
 
 def _edit_get(path: str, db: bytes, key: bytes) -> bytes:
@@ -212,17 +218,8 @@ def test_bit_flips_in_inline_snapshot_always_detected(store_path: str) -> None:
     key = _snap_keys(store_path)[-1]
     length = len(_edit_get(store_path, b"snaps", key))
     rng = random.Random(11)
-    for pos in [rng.randrange(length) for _ in range(40)]:
-        bit = rng.randrange(8)
-        _flip(store_path, b"snaps", key, pos, bit)
-        with open_store(store_path) as s:
-            with pytest.raises(StoreCorruptError, match="run 'r' snapshot 3"):
-                s.load_snapshot("r")
-            info, data = s.latest_good_snapshot("r")  # type: ignore[misc]
-            assert (info.number, data) == (2, payload(1, INLINE_MAX // 2))
-        _flip(store_path, b"snaps", key, pos, bit)  # undo
-    with open_store(store_path) as s:
-        assert s.load_snapshot("r") == payload(2, INLINE_MAX // 2)
+    positions = [rng.randrange(length) for _ in range(40)]
+    _each_flip_falls_back(store_path, b"snaps", key, positions, INLINE_MAX // 2, rng)
 
 
 def _snap_keys(path: str) -> list[bytes]:
