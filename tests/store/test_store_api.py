@@ -376,3 +376,52 @@ def test_consumption_without_a_completion_is_final(store_path: str) -> None:
         s.send_signal("r", "go@1", b"1")
         s.checkpoint("r", run.epoch, b"state", consume_signal="go@1")
         assert s.signal_state("r", "go@1") == "consumed" and s.peek_signal("r", "go@1") is None
+
+
+def _set_format_version(path: str, version: int) -> None:
+    import json
+
+    import lmdb
+
+    env = lmdb.open(path, max_dbs=16)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn)
+        hdr = json.loads(bytes(txn.get(b"format", db=meta)))
+        hdr["version"] = version
+        txn.put(b"format", json.dumps(hdr).encode(), db=meta)
+    env.close()
+
+
+def _format_version(path: str) -> int:
+    import json
+
+    import lmdb
+
+    env = lmdb.open(path, max_dbs=16, readonly=True)
+    with env.begin() as txn:
+        version = int(json.loads(bytes(txn.get(b"format", db=env.open_db(b"meta", txn=txn))))["version"])
+    env.close()
+    return version
+
+
+def test_version_1_store_is_upgraded_and_still_reads(store_path: str) -> None:
+    """A store written as format 1 (chunked snapshots, no pending lists) opens, reads and is upgraded."""
+    with open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        s.checkpoint("r", run.epoch, payload(1, 50_000))  # chunked: readable by format 1 code too
+    _set_format_version(store_path, 1)
+    with open_store(store_path) as s:
+        assert s.load_snapshot("r") == payload(1, 50_000)
+        s.checkpoint("r", run.epoch, payload(2, 3000))  # a format-2 record (inline payload)
+        assert s.load_snapshot("r") == payload(2, 3000)
+    assert _format_version(store_path) == 2
+
+
+def test_newer_format_is_refused(store_path: str) -> None:
+    """A store written by a newer tcc is refused with a message saying to upgrade, and not changed."""
+    with open_store(store_path) as s:
+        s.create_run("e", run_id="r")
+    _set_format_version(store_path, 3)
+    with pytest.raises(StoreCorruptError, match="format version 3; this tcc reads version 2: upgrade tcc"):
+        open_store(store_path)
+    assert _format_version(store_path) == 3
