@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,13 +51,42 @@ def test_worker_takes_over_a_sigkilled_run_and_resumes_due_and_signalled_runs(tm
     assert "resuming dead (owner dead)" in err
 
 
+PROBE_WRITE = """
+import sys
+from tcc.store import open_store
+with open_store(sys.argv[1], create=False) as store:  # opening takes LMDB's writer lock
+    pass
+"""
+
+
+def stop_outside_a_write(cli: Cli, proc: subprocess.Popen[str], attempts: int = 20) -> None:
+    """SIGSTOP ``proc`` at a moment it does not hold LMDB's writer lock.
+
+    A process stopped inside a write transaction keeps the lock, so every other
+    writer -- the resume under test included -- would wait for it forever (on a
+    loaded machine commits are slow enough to be hit; CI saw it).  Probe with a
+    writer in a child; if it cannot get the lock, let the process run on and
+    stop it again.
+    """
+    for _ in range(attempts):
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            subprocess.run([sys.executable, "-c", PROBE_WRITE, str(cli.store)], env=cli.env,
+                           timeout=5, check=True, capture_output=True)
+            return
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.05)
+    raise AssertionError("the process always held the writer lock when stopped")
+
+
 def test_stale_epoch_zombie_is_fenced(tmp_path):
     """A stopped owner whose lease expired is taken over; when it wakes it is fenced and writes nothing."""
     cli = Cli(tmp_path, STEP_DELAY="0.3")
     zombie = cli.popen("run", "--run-id", "z", "--lease", "1", f"{WAIT}:slow_steps", "8")
     wait_for_status(cli, "z", "running")
     time.sleep(0.8)
-    zombie.send_signal(signal.SIGSTOP)
+    stop_outside_a_write(cli, zombie)
     try:
         time.sleep(1.5)  # the lease (1 s) expires without heartbeats
         done = json.loads(cli.run("resume", "--json", "z", check=True).stdout)

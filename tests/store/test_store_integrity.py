@@ -247,3 +247,27 @@ def test_records_whose_mac_verifies_but_body_is_malformed_are_corrupt(header: by
     value = sealer._mac(b"runs", b"k", body) + body  # what a holder of the secret could write
     with pytest.raises(Corrupt):
         sealer.open(b"runs", b"k", value)
+
+
+@pytest.mark.parametrize("db", [b"events", b"journal"])
+def test_record_moved_to_another_key_is_reported_missing(store_path: str, db: bytes) -> None:
+    """Regression (found by the slow corruption campaign): bits flipped in a record's KEY moved
+    an event to another run's key range; the run's audit trail silently lost its first event.
+    Events and journal records are numbered without gaps, so a hole is damage."""
+    _make(store_path, n=2)
+    with open_store(store_path) as s:  # events after the first, so that a hole can show
+        s.add_event("r", "note", {"i": 1})
+        s.add_event("r", "note", {"i": 2})
+    keys: list[bytes] = []
+    _edit(store_path, db, lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
+    first = keys[0]
+    moved = first[:-9] + b"\xfe" + first[-8:]  # same seq, a run id that sorts elsewhere
+
+    def move(txn: lmdb.Transaction, dbi: object) -> None:
+        txn.put(moved, txn.get(first, db=dbi), db=dbi)
+        txn.delete(first, db=dbi)
+
+    _edit(store_path, db, move)
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match=r"(event|journal record) 0 of run 'r' is missing"):
+            s.events("r") if db == b"events" else s.journal("r")

@@ -130,6 +130,11 @@ class StoreCore:
             f"store {self.path}: {what} failed verification ({why}); it was not returned. "
             "Fall back with latest_good_snapshot() or restore a backup")
 
+    def _missing(self, what: str) -> StoreCorruptError:
+        return StoreCorruptError(
+            f"store {self.path}: {what} is missing (damage lost it or moved it to another "
+            "key); restore the store from a backup")
+
     def _load_run(self, txn: Any, rid: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
         key = self._t + b"\x00" + rid
         raw = txn.get(key, db=self._dbs["runs"])

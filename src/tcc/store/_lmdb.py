@@ -241,6 +241,10 @@ class LmdbStore(Maintenance):
                 seq = int.from_bytes(key[-8:], "big")
                 if seq < start:
                     continue
+                expect = max(0, start) + len(out)
+                if seq != expect or len(key) != len(first):
+                    # records are appended 0, 1, 2, ... and never deleted alone
+                    raise self._missing(f"journal record {expect} of run {run_id!r}")
                 try:
                     h, b = self._sealer.open(b"journal", key, value)
                 except Corrupt as exc:

@@ -168,6 +168,9 @@ class Maintenance(StoreCore):
         def op(txn: Any) -> list[Event]:
             out = []
             for key, raw in iter_prefix(txn, self._dbs["events"], pfx):
+                if int.from_bytes(key[-8:], "big") != len(out) or len(key) != len(pfx) + 8:
+                    # events are appended 0, 1, 2, ... and never deleted
+                    raise self._missing(f"event {len(out)} of run {run_id!r}")
                 try:
                     hdr, _ = self._sealer.open(b"events", key, raw)
                 except Corrupt as exc:
