@@ -235,7 +235,7 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> list[JournalRecord]:
             self._load_run(txn, rid)
-            out = []
+            out: list[JournalRecord] = []
             first = seq_key(self._t, rid, max(0, start))
             for key, value in iter_prefix(txn, self._dbs["journal"], first[:-8], first):
                 seq = int.from_bytes(key[-8:], "big")

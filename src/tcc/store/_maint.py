@@ -166,7 +166,7 @@ class Maintenance(StoreCore):
         pfx = prefix(self._t, rid)
 
         def op(txn: Any) -> list[Event]:
-            out = []
+            out: list[Event] = []
             for key, raw in iter_prefix(txn, self._dbs["events"], pfx):
                 if int.from_bytes(key[-8:], "big") != len(out) or len(key) != len(pfx) + 8:
                     # events are appended 0, 1, 2, ... and never deleted
