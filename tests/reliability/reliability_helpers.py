@@ -12,6 +12,7 @@ import contextlib
 import json
 import pathlib
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,3 +121,15 @@ def raw_put(store_dir: pathlib.Path | str, db: str, items: dict[bytes, bytes]) -
         with env.begin(write=True, db=dbi) as txn:
             for key, value in items.items():
                 txn.put(key, value)
+
+
+def wait_until(predicate: Any, what: str, timeout: float = 60.0, pause: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns a true value; a deadline guards against hangs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
+        time.sleep(pause)

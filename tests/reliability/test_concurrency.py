@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from helpers import AGENTS, Cli
+from reliability_helpers import wait_until
 
 LEDGER_AGENT = str(AGENTS / "ledger_agent.py")
 WAIT_AGENT = str(AGENTS / "wait_agent.py")
@@ -69,16 +70,6 @@ def _summary():
 # --------------------------------------------------------------------- helpers
 
 
-def wait_until(predicate, what: str, timeout: float = 60.0, pause: float = 0.02):
-    """Poll ``predicate`` until it returns a true value; a deadline guards against hangs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
-        time.sleep(pause)
 
 
 def ledger(path: Path, run_id: str | None = None) -> list[tuple[str, str]]:

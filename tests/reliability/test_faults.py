@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Cli
+from reliability_helpers import wait_until
 
 FIG: collections.Counter[str] = collections.Counter()
 BLOB = 49152
@@ -103,16 +104,6 @@ def _summary():
 # --------------------------------------------------------------------- helpers
 
 
-def wait_until(predicate, what: str, timeout: float = 60.0, pause: float = 0.02):
-    """Poll ``predicate`` until it returns a true value; a deadline guards against hangs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
-        time.sleep(pause)
 
 
 def block(step: int, size: int = BLOB) -> bytes:
