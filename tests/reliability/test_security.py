@@ -32,6 +32,7 @@ from helpers import Cli
 from tcc.capture import seal
 from tcc.store._chunks import pack_entries
 from tcc.store._codec import Sealer, seq_key
+from tcc.store._refs import HEAD
 
 TRIP_AGENT = '''\
 import os
@@ -383,7 +384,7 @@ def forge_newer_snapshot(cli: Cli, marker: pathlib.Path) -> int:
     blob = evil_blob(marker)
     attacker = Sealer(os.urandom(32))  # does not know the store secret
     cid = max(int.from_bytes(k[:8], "big") for k in raw_items(cli.store, "chunks")) + 1
-    newest = max(int.from_bytes(k[-8:], "big") for k in raw_items(cli.store, "snaps"))
+    newest = max(int.from_bytes(k[-8:], "big") for k in raw_items(cli.store, "snaps") if not k.endswith(HEAD))
     key = seq_key(b"default", b"r", newest + 1)
     manifest = pack_entries([(cid, attacker.chunk_id(blob), len(blob))])
     record = attacker.seal(b"snaps", key, {"j": 3, "s": len(blob), "t": 0.0, "g": 0}, {"m": manifest})
@@ -402,13 +403,17 @@ def test_forged_newer_snapshot_with_os_system_pickle_is_skipped(tmp_path: pathli
         proc = cli.run(*args)
         assert not marker.exists(), args
         assert proc.returncode == 0 or is_clear_error(proc), (args, proc.returncode, proc.stderr)
+    doc = json.loads(cli.run("show", "--json", "r").stdout.strip().splitlines()[-1])
+    assert {"number": newest + 1, "damaged": True} in doc["snapshots"]
     done = cli.run("resume", "--json", "r")
     assert not marker.exists()
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     assert doc["status"] == "completed" and doc["result"] == expected("b"), done.stderr
     resumed = events(cli, "r", "resumed")
-    assert [e["snapshot"] for e in resumed] == [newest]  # fell back to the real newest snapshot
-    assert [e["number"] for e in events(cli, "r", "snapshot_corrupt")] == [newest + 1]
+    assert [e["snapshot"] for e in resumed] == [newest]  # the real newest snapshot
+    # the run's snapshot index does not list the forged number: it is never even read (and
+    # the resumed run's own snapshot newest + 1 replaced it)
+    assert events(cli, "r", "snapshot_corrupt") == []
 
 
 def test_inspect_and_show_skip_a_forged_snapshot_record(tmp_path: pathlib.Path) -> None:

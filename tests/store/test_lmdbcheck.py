@@ -639,4 +639,4 @@ def test_public_names() -> None:
     """The module exports exactly its public API."""
     import tcc.store._lmdbcheck as mod
 
-    assert sorted(mod.__all__) == ["CheckReport", "LmdbDamageError", "check_data_file"]
+    assert sorted(mod.__all__) == ["CheckReport", "LmdbDamageError", "Probe", "check_data_file"]

@@ -13,6 +13,7 @@ from store_helpers import payload, run_python
 import tcc.store
 from tcc.errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError, StoreNotFoundError
 from tcc.store import Completion, LmdbStore, Store, open_store
+from tcc.store._refs import HEAD
 
 
 def test_public_names_exported_once() -> None:
@@ -379,6 +380,8 @@ def test_consumption_without_a_completion_is_final(store_path: str) -> None:
 
 
 def _set_format_version(path: str, version: int) -> None:
+    """Mark the store as written by format ``version``; below 3, drop the snapshot
+    indexes as such a store would not have them."""
     import json
 
     import lmdb
@@ -389,6 +392,11 @@ def _set_format_version(path: str, version: int) -> None:
         hdr = json.loads(bytes(txn.get(b"format", db=meta)))
         hdr["version"] = version
         txn.put(b"format", json.dumps(hdr).encode(), db=meta)
+        if version < 3:
+            snaps = env.open_db(b"snaps", txn=txn)
+            for key in [bytes(k) for k in txn.cursor(db=snaps).iternext(values=False)]:
+                if key.endswith(HEAD):
+                    txn.delete(key, db=snaps)
     env.close()
 
 
@@ -414,14 +422,35 @@ def test_version_1_store_is_upgraded_and_still_reads(store_path: str) -> None:
         assert s.load_snapshot("r") == payload(1, 50_000)
         s.checkpoint("r", run.epoch, payload(2, 3000))  # a format-2 record (inline payload)
         assert s.load_snapshot("r") == payload(2, 3000)
-    assert _format_version(store_path) == 2
+    assert _format_version(store_path) == 3
+
+
+@pytest.mark.parametrize("old", [1, 2])
+def test_old_store_gets_snapshot_indexes_on_upgrade(store_path: str, old: int) -> None:
+    """Upgrading a format 1 or 2 store indexes the snapshots every run already has (forks
+    and retained ones included), so nothing reads as missing and damage is caught after."""
+    with open_store(store_path, keep=2) as s:
+        run = s.create_run("e", run_id="r")
+        for i in range(4):
+            s.checkpoint("r", run.epoch, payload(i, 20_000))
+        s.fork_run("r", 3, new_run_id="f")
+        s.checkpoint("r", run.epoch, payload(9, 20_000))
+        before = {r: [(i.number, i.journal_len) for i in s.snapshots(r)] for r in ("r", "f")}
+    assert before["r"] == [(3, 0), (4, 0), (5, 0)]  # 3 is pinned by the fork
+    _set_format_version(store_path, old)
+    with open_store(store_path, keep=2) as s:
+        assert {r: [(i.number, i.journal_len) for i in s.snapshots(r)] for r in ("r", "f")} == before
+        assert s.load_snapshot("f") == payload(2, 20_000)
+        s.checkpoint("r", run.epoch, payload(10, 20_000))
+        assert [i.number for i in s.snapshots("r")] == [3, 5, 6]
+    assert _format_version(store_path) == 3
 
 
 def test_newer_format_is_refused(store_path: str) -> None:
     """A store written by a newer tcc is refused with a message saying to upgrade, and not changed."""
     with open_store(store_path) as s:
         s.create_run("e", run_id="r")
-    _set_format_version(store_path, 3)
-    with pytest.raises(StoreCorruptError, match="format version 3; this tcc reads version 2: upgrade tcc"):
+    _set_format_version(store_path, 4)
+    with pytest.raises(StoreCorruptError, match="format version 4; this tcc reads version 3: upgrade tcc"):
         open_store(store_path)
-    assert _format_version(store_path) == 3
+    assert _format_version(store_path) == 4

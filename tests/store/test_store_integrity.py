@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import lmdb
 import pytest
 from store_helpers import payload
 
-from tcc.errors import StoreCorruptError
+from tcc.errors import StoreCorruptError, StoreError
 from tcc.store._chunks import INLINE_MAX
+from tcc.store._refs import HEAD
 from tcc.store import Completion, open_store
 
 
@@ -89,8 +91,7 @@ def _edit_get(path: str, db: bytes, key: bytes) -> bytes:
 def test_bit_flip_in_manifest_detected(store_path: str) -> None:
     """A flipped bit in a snapshot manifest record is detected like one in a chunk."""
     _make(store_path)
-    keys: list[bytes] = []
-    _edit(store_path, b"snaps", lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
+    keys = _snap_keys(store_path)
     for pos in range(0, 120, 7):
         _flip(store_path, b"snaps", keys[-1], pos, pos % 8)
         with open_store(store_path) as s:
@@ -223,9 +224,10 @@ def test_bit_flips_in_inline_snapshot_always_detected(store_path: str) -> None:
 
 
 def _snap_keys(path: str) -> list[bytes]:
+    """Keys of the snapshot records, oldest first (not the runs' snapshot indexes)."""
     keys: list[bytes] = []
     _edit(path, b"snaps", lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
-    return keys
+    return [k for k in keys if not k.endswith(HEAD)]
 
 
 @pytest.mark.parametrize("header,tail", [
@@ -271,3 +273,139 @@ def test_record_moved_to_another_key_is_reported_missing(store_path: str, db: by
     with open_store(store_path) as s:
         with pytest.raises(StoreCorruptError, match=r"(event|journal record) 0 of run 'r' is missing"):
             s.events("r") if db == b"events" else s.journal("r")
+
+
+def _move(path: str, old: bytes, new: bytes) -> None:
+    """Move the ``snaps`` record at ``old`` to key ``new``, as flipped key bits do."""
+    def fn(txn: lmdb.Transaction, dbi: object) -> None:
+        txn.put(new, txn.get(old, db=dbi), db=dbi)
+        txn.delete(old, db=dbi)
+    _edit(path, b"snaps", fn)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_snapshot_record_moved_away_is_reported_and_recovery_falls_back(store_path: str, n: int) -> None:
+    """Regression (found by the slow corruption campaign, mutant #304): flipped key bits moved a
+    snapshot record out of its run's key range, and `tcc show` listed the run's snapshots
+    without it and without an error.  Each run's index of snapshot numbers names the record,
+    so it is listed as damaged, reading it says it is missing, and recovery falls back."""
+    size = INLINE_MAX // 2 if n == 1 else SIZE
+    _make(store_path, n=n, size=size)
+    newest = _snap_keys(store_path)[-1]
+    _move(store_path, newest, newest[:-11] + b"\xfe" + newest[-10:])  # another run id
+    with open_store(store_path) as s:
+        listed = s.snapshots("r")
+        assert [(i.number, i.damaged) for i in listed] == [(k, k == n) for k in range(1, n + 1)]
+        with pytest.raises(StoreCorruptError, match=rf"run 'r' snapshot {n} is missing"):
+            s.load_snapshot("r")
+        with pytest.raises(StoreCorruptError, match=rf"snapshot {n} of run 'r' is missing"):
+            s.checkpoint("r", 1, payload(7, size))  # nothing is written over a damaged run
+        found = s.latest_good_snapshot("r")
+        if n == 1:
+            assert found is None
+        else:
+            assert found is not None and found[0].number == n - 1 and found[1] == payload(n - 2, size)
+        kinds = [e.kind for e in s.events("r")][-2:]
+        assert kinds == ["snapshot_corrupt", "fell_back"]
+        # the fallback dropped the lost number from the index: the run goes on from there
+        assert [i.number for i in s.snapshots("r")] == list(range(1, n))
+        info = s.checkpoint("r", 1, payload(8, size))
+        assert info.number == n and s.load_snapshot("r") == payload(8, size)
+
+
+def test_snapshot_record_moved_within_its_run_is_listed_damaged(store_path: str) -> None:
+    """A record moved to another number of the same run is not taken for that snapshot: the
+    number it left is missing and the number it reached is a stray, both listed as damaged."""
+    _make(store_path, n=3)
+    second = _snap_keys(store_path)[1]
+    _move(store_path, second, second[:-8] + (7).to_bytes(8, "big"))
+    with open_store(store_path) as s:
+        assert [(i.number, i.damaged) for i in s.snapshots("r")] == [
+            (1, False), (2, True), (3, False), (7, True)]
+        assert s.load_snapshot("r") == payload(2, SIZE)  # the newest is intact
+        with pytest.raises(StoreError, match="has no snapshot 7"):
+            s.load_snapshot("r", 7)
+        with pytest.raises(StoreCorruptError, match="snapshot 2 of run 'r' is missing"):
+            s.fork_run("r", 3)
+
+
+@pytest.mark.parametrize("damage", ["moved", "flipped"])
+def test_snapshot_index_damaged_or_missing_is_refused(store_path: str, damage: str) -> None:
+    """Without a trustworthy index nothing can tell whether a snapshot went missing: reads and
+    writes of the run are refused with an error naming the run; other runs are unaffected."""
+    _make(store_path, n=2)
+    with open_store(store_path) as s:
+        other = s.create_run("e", run_id="o")
+        s.checkpoint("o", other.epoch, payload(5, 100))
+    key = next(k for k in _snap_keys_all(store_path) if k.startswith(b"default\x00r\x00") and k.endswith(HEAD))
+    if damage == "moved":
+        _move(store_path, key, key[:-1] + b"\xfe")
+    else:
+        _flip(store_path, b"snaps", key, 20, 3)
+    why = "is missing" if damage == "moved" else "failed verification"
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match=f"the snapshot index of run 'r' {why}"):
+            s.snapshots("r")
+        with pytest.raises(StoreCorruptError, match=f"the snapshot index of run 'r' {why}"):
+            s.latest_good_snapshot("r")
+        with pytest.raises(StoreCorruptError, match=f"the snapshot index of run 'r' {why}"):
+            s.checkpoint("r", 1, payload(9, SIZE))
+        assert s.load_snapshot("o") == payload(5, 100)
+
+
+def _snap_keys_all(path: str) -> list[bytes]:
+    keys: list[bytes] = []
+    _edit(path, b"snaps", lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
+    return keys
+
+
+def _leaves(path: str) -> dict[str, list[tuple[int, list[tuple[bytes, bytes]]]]]:
+    """Per database: (page number, records) of each leaf page, from the structure check's walk."""
+    from tcc.store._lmdbcheck import check_data_file
+
+    out: dict[str, list[tuple[int, list[tuple[bytes, bytes]]]]] = {}
+
+    def probe(name: str, pgno: int, records: list[tuple[bytes, bytes]]) -> None:
+        out.setdefault(name, []).append((pgno, records))
+
+    check_data_file(os.path.join(path, "data.mdb"), probe=probe)
+    return out
+
+
+def test_page_of_another_database_in_place_of_a_leaf_is_refused(store_path: str) -> None:
+    """Regression (found by the stale-page campaign): a leaf of the events database written
+    where the signals leaf was has a valid structure (same entry count, keys in order), so
+    LMDB just did not find the signals: a delivered approval read as never sent.  Each
+    record's MAC names its database, so the page is refused as misplaced at open."""
+    with open_store(store_path) as s:
+        for rid in ("a", "b"):
+            s.create_run("e", run_id=rid)
+            s.send_signal(rid, "go", b"yes")
+    leaves = _leaves(store_path)
+    [(target, sigs)] = leaves["signals"]
+    [(source, runs)] = leaves["runs"]
+    assert len(sigs) == len(runs) == 2  # same count: the database's counts still match
+    mdb = Path(store_path) / "data.mdb"
+    data = bytearray(mdb.read_bytes())
+    page = bytearray(data[source * 4096:(source + 1) * 4096])
+    page[:8] = target.to_bytes(8, "little")  # it claims the place it was written to
+    data[target * 4096:(target + 1) * 4096] = page
+    mdb.write_bytes(data)
+    with pytest.raises(StoreCorruptError, match=rf"page {target} of database 'signals' is not that "
+                       r"database's page \(it holds records of database 'runs'\)"):
+        open_store(store_path)
+
+
+def test_one_damaged_record_does_not_make_its_page_misplaced(store_path: str) -> None:
+    """The page check asks only that some record of a leaf verifies as its database's: a
+    flipped value is still reported for that record alone, and the store opens."""
+    with open_store(store_path) as s:
+        for rid in ("a", "b"):
+            s.create_run("e", run_id=rid)
+            s.send_signal(rid, "go", b"yes")
+    key = b"default\x00a\x00go"
+    _flip(store_path, b"signals", key, 30, 1)
+    with open_store(store_path) as s:
+        assert s.peek_signal("b", "go") == b"yes"
+        with pytest.raises(StoreCorruptError, match="signal"):
+            s.peek_signal("a", "go")

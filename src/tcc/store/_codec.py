@@ -47,6 +47,7 @@ __all__ = [
 SECRET_NAME = "secret"
 _VERSION = 1
 _MAC_LEN = 16
+RECORD_MIN = _MAC_LEN + 5  # the shortest sealed record: MAC, version byte, header length
 _JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps with options builds one per call
 _NAME_RE = re.compile(r"[A-Za-z0-9._:@+=-]{1,128}\Z")
 _U32 = struct.Struct("<I")
@@ -140,6 +141,12 @@ class Sealer:
         h.update(_U32.pack(len(db)) + db + _U32.pack(len(key)) + key)
         h.update(body)
         return h.digest()
+
+    def verifies(self, db: bytes, key: bytes, value: bytes) -> bool:
+        """Whether ``value`` is a sealed record of (db, key): its MAC checks out."""
+        if len(value) < RECORD_MIN:
+            return False
+        return hmac.compare_digest(value[:_MAC_LEN], self._mac(db, key, value[_MAC_LEN:]))
 
     def seal(
         self, db: bytes, key: bytes, header: dict[str, Any], blobs: dict[str, bytes] | None = None

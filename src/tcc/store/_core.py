@@ -20,7 +20,19 @@ from ._api import RunInfo, SnapshotInfo
 from ._chunks import decode_chunk, decode_inline, parse_entries
 from ._codec import Corrupt, check_name, prefix, seq_key
 from ._env import acquire
-from ._refs import FLUSH_RELEASES, HeldCache, SnapRow, apply_diff, data_key, iter_prefix, pack_ids
+from ._refs import (
+    FLUSH_RELEASES,
+    HEAD,
+    HeldCache,
+    SnapRow,
+    apply_diff,
+    data_key,
+    iter_prefix,
+    open_index,
+    pack_ids,
+    seal_index,
+    snap_rows,
+)
 
 __all__ = ["HOST", "StoreCore", "last_seq"]
 
@@ -67,6 +79,8 @@ class StoreCore:
         self._held = HeldCache(self._sealer)
         # run key -> (record bytes, header, blobs) of the last run record verified
         self._runs_seen: dict[bytes, tuple[bytes, dict[str, Any], dict[str, bytes]]] = {}
+        # index key -> (record bytes, numbers) of the last snapshot index verified
+        self._index_seen: dict[bytes, tuple[bytes, list[int]]] = {}
         self._closed = False
         self._memo_lock = threading.Lock()
         self._memos: dict[bytes, Any] = {}  # run id -> _lmdb._RunMemo
@@ -195,6 +209,9 @@ class StoreCore:
     ) -> tuple[int, SnapRow | None, frozenset[int]]:
         """Add snapshot ``new_number`` (if any), drop snapshots past retention, fix refcounts.
 
+        ``rows`` are the run's rows as :meth:`_indexed` returns them; the
+        index is rewritten to match what is kept.
+
         ``seal(pending)`` builds the new snapshot record given its packed
         pending-release list (see ``_refs``).  Returns ``(#dropped, new row,
         its pending ids)``.
@@ -232,7 +249,59 @@ class StoreCore:
             txn.delete(key, db=dbs["snaps"])
         if row is not None:
             txn.put(row[1], row[2], db=dbs["snaps"])
+        if row is not None or dropped:
+            self._put_index(txn, pfx, [r[0] for r in kept] + ([row[0]] if row is not None else []))
         return len(dropped), row, deferred
+
+    # ------------------------------------------------------- snapshot index
+    def _index(self, txn: Any, pfx: bytes, rid: bytes) -> list[int] | None:
+        """The snapshot numbers the run's index lists (None: no index record).
+
+        Raises StoreCorruptError if the index fails verification.
+        """
+        key = pfx + HEAD
+        raw = txn.get(key, db=self._dbs["snaps"])
+        if raw is None:
+            return None
+        seen = self._index_seen.get(key)
+        if seen is not None and seen[0] == raw:
+            return list(seen[1])
+        try:
+            nums = open_index(self._sealer, pfx, raw)
+        except Corrupt as exc:
+            raise self._corrupt(f"the snapshot index of run {rid.decode()!r}", exc) from None
+        if len(self._index_seen) >= 64:
+            self._index_seen.clear()
+        self._index_seen[key] = (bytes(raw), nums)
+        return list(nums)
+
+    def _indexed(self, txn: Any, pfx: bytes, rid: bytes) -> list[SnapRow]:
+        """The run's snapshot rows, oldest first, checked against its index.
+
+        A record the index lists but the store lacks, or records without an
+        index, mean damage moved or removed a record: StoreCorruptError.  A
+        record the index does not list (one moved here from elsewhere) is
+        not the run's and is left out.
+        """
+        rows = snap_rows(txn, self._dbs["snaps"], pfx)
+        nums = self._index(txn, pfx, rid)
+        if nums is None:
+            if rows:
+                raise self._missing(f"the snapshot index of run {rid.decode()!r}")
+            return rows
+        listed = set(nums)
+        rows = [r for r in rows if r[0] in listed]
+        if len(rows) != len(nums):
+            lost = sorted(listed - {r[0] for r in rows})
+            raise self._missing(f"snapshot {lost[0]} of run {rid.decode()!r}")
+        return rows
+
+    def _put_index(self, txn: Any, pfx: bytes, numbers: list[int]) -> None:
+        key = pfx + HEAD
+        if numbers:
+            txn.put(key, seal_index(self._sealer, pfx, numbers), db=self._dbs["snaps"])
+        else:
+            txn.delete(key, db=self._dbs["snaps"])
 
     def _pinned(self, txn: Any, pfx: bytes) -> set[int]:
         return {int.from_bytes(k[len(pfx):len(pfx) + 8], "big")
@@ -241,14 +310,21 @@ class StoreCore:
     def _load(self, txn: Any, rid: bytes, number: int | None) -> tuple[SnapshotInfo, bytes]:
         self._load_run(txn, rid)
         pfx = prefix(self._t, rid)
+        nums = self._index(txn, pfx, rid)
+        if nums is None:
+            if last_seq(txn, self._dbs["snaps"], pfx) >= 0:
+                raise self._missing(f"the snapshot index of run {rid.decode()!r}")
+            nums = []
         if number is None:
-            number = last_seq(txn, self._dbs["snaps"], pfx)
-            if number < 0:
+            if not nums:
                 raise StoreError(f"run {rid.decode()!r} in store {self.path} has no snapshot yet")
+            number = nums[-1]
+        if number not in nums:
+            raise StoreError(f"run {rid.decode()!r} in store {self.path} has no snapshot {number}")
         key = seq_key(self._t, rid, number)
         value = txn.get(key, db=self._dbs["snaps"])
         if value is None:
-            raise StoreError(f"run {rid.decode()!r} in store {self.path} has no snapshot {number}")
+            raise self._missing(f"run {rid.decode()!r} snapshot {number}")
         what = f"run {rid.decode()!r} snapshot {number}"
         chunks = self._dbs["chunks"]
         try:

@@ -29,23 +29,27 @@ from typing import Any, TypeVar
 import lmdb
 
 from ..errors import StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError
-from ._codec import SECRET_NAME, Corrupt, Sealer, load_or_create_secret
+from ._codec import RECORD_MIN, SECRET_NAME, Corrupt, Sealer, load_or_create_secret
 from ._lmdbcheck import LmdbDamageError, check_data_file
+from ._refs import HEAD, seal_index
 
 __all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
 
 T = TypeVar("T")
 DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins")
 # Version 2 added inline payloads and pending-release lists to snapshot
-# records (see _chunks and _refs); version 1 stores are upgraded on open.
-FORMAT = {"magic": "tcc-store", "version": 2}
-_UPGRADABLE = (1,)
+# records (see _chunks and _refs); version 3 a per-run index of snapshot
+# numbers (_refs.HEAD).  Older stores are upgraded on open.
+FORMAT = {"magic": "tcc-store", "version": 3}
+_UPGRADABLE = (1, 2)
 LOCK_NAME = "tcc.lock"
 # Created once the store's format header is committed: from then on a missing
 # or empty data.mdb means lost records, not a store still being created.
 INIT_MARK = "initialised"
 # data files up to this size get a full structural walk at open (~5 ms per 10 MiB)
 FULL_CHECK_MAX = 256 << 20
+# databases whose every value is a record sealed by _codec.Sealer
+_SEALED = ("runs", "journal", "snaps", "signals", "events")
 _OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME, INIT_MARK}
 DEFAULT_MAP_SIZE = 1 << 30
 DEFAULT_MAX_MAP_SIZE = 1 << 40
@@ -167,6 +171,54 @@ class _Pending:
         self.result: Any = None
         self.exc: BaseException | None = None
         self.done = False
+
+
+class _PageProbe:
+    """Tells a leaf page of one sealed database from a page of another written in its place.
+
+    Page structure cannot: a leaf of the journal put where the signals leaf was
+    is a valid signals leaf whose keys LMDB then never finds, so a delivered
+    signal reads as never sent.  The records can: each one's MAC names its
+    database.  A leaf with at least one record that verifies as its
+    database's is that database's; one where none does (two or more records,
+    or one record that verifies as another database's or cannot be a sealed
+    record at all) is misplaced.  A single damaged record is left to the
+    record-level checks, which report it without refusing the whole store.
+    The verdict waits for the end of the walk: if no page verified at all, the
+    secret is wrong, which the format check reports more usefully.
+    """
+
+    __slots__ = ("sealer", "good", "bad")
+
+    def __init__(self, sealer: Sealer) -> None:
+        self.sealer = sealer
+        self.good = 0
+        self.bad: list[tuple[str, int, str]] = []
+
+    def __call__(self, name: str, pgno: int, records: list[tuple[bytes, bytes]]) -> None:
+        if name not in _SEALED:
+            return None
+        db = name.encode()
+        verifies = self.sealer.verifies
+        for key, value in records:
+            if verifies(db, key, value):
+                self.good += 1
+                return None
+        key, value = records[0]
+        whose = next((o for o in _SEALED if o != name and verifies(o.encode(), key, value)), None)
+        if whose is not None:
+            self.bad.append((name, pgno, f"it holds records of database {whose!r}"))
+        elif len(records) > 1:
+            self.bad.append((name, pgno, f"none of its {len(records)} records is one of {name!r}"))
+        elif len(value) < RECORD_MIN:
+            self.bad.append((name, pgno, "its record is not a sealed record"))
+        return None
+
+    def verdict(self, path: str) -> None:
+        if self.bad and self.good:
+            name, pgno, why = self.bad[0]
+            raise LmdbDamageError(f"{path}: page {pgno} of database {name!r} is not that "
+                                  f"database's page ({why}): a page written to the wrong place")
 
 
 class EnvHandle:
@@ -317,9 +369,11 @@ class EnvHandle:
         if mode == "off":
             return True
         data = os.path.join(self.path, "data.mdb")
+        probe = _PageProbe(self.sealer)
         try:
             full = mode == "full" or (mode == "auto" and os.path.getsize(data) <= FULL_CHECK_MAX)
-            check_data_file(data, txnid=txn.id(), full=full)
+            check_data_file(data, txnid=txn.id(), full=full, probe=probe)
+            probe.verdict(data)
         except LookupError:  # two commits replaced the meta page of this txn's snapshot
             return False
         except (LmdbDamageError, OSError) as exc:
@@ -349,7 +403,8 @@ class EnvHandle:
             hdr = {}
         if hdr.get("magic") != FORMAT["magic"]:
             raise StoreCorruptError(f"{self.path} holds a foreign LMDB database, not a tcc store")
-        if hdr.get("version") in _UPGRADABLE:  # everything v1 wrote, v2 reads the same way
+        if hdr.get("version") in _UPGRADABLE:  # everything v1 and v2 wrote, v3 reads the same way
+            self._index_snapshots(txn)
             hdr["version"] = FORMAT["version"]
             txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
         if hdr.get("version") != FORMAT["version"]:
@@ -358,6 +413,17 @@ class EnvHandle:
         if hdr.get("check") != self.sealer.check_tag(str(hdr.get("store_id")).encode()).hex():
             raise StoreCorruptError(f"the secret file of store {self.path} does not belong to it; "
                                     "restore the original secret file")
+
+    def _index_snapshots(self, txn: Any) -> None:
+        """Write every run's snapshot index (the upgrade to format 3)."""
+        runs: dict[bytes, list[int]] = {}
+        with txn.cursor(db=self.dbs["snaps"]) as cur:
+            for key in cur.iternext(values=False):
+                key = bytes(key)
+                if not key.endswith(HEAD):
+                    runs.setdefault(key[:-8], []).append(int.from_bytes(key[-8:], "big"))
+        for pfx, numbers in runs.items():
+            txn.put(pfx + HEAD, seal_index(self.sealer, pfx, numbers), db=self.dbs["snaps"])
 
     # ------------------------------------------------------------------ guards
     def check(self) -> None:

@@ -324,7 +324,7 @@ class LmdbStore(Maintenance):
             if completion is not None:
                 self._completion(txn, rid, jlen, completion, now)
                 jlen += 1
-            rows = snap_rows(txn, dbs["snaps"], pfx)
+            rows = self._indexed(txn, pfx, rid)
             number = rows[-1][0] + 1 if rows else 1
             key = seq_key(self._t, rid, number)
             ids: dict[bytes, int] = {}
@@ -432,9 +432,11 @@ class LmdbStore(Maintenance):
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
         """Stored snapshots of the run, oldest first.
 
-        Every record is verified; one that fails is listed with
-        ``damaged=True`` (only its number is known), so a forged or damaged
-        record neither hides the others nor passes for a real one.
+        Every record is verified; one that fails, one the run's index lists
+        but the store lacks, and one stored under the run's keys that the
+        index does not list are all listed with ``damaged=True`` (only the
+        number is known), so damage neither hides a snapshot nor passes for
+        one.  A missing or damaged index raises StoreCorruptError.
         """
         rid = self._rid(run_id)
         pfx = prefix(self._t, rid)
@@ -442,9 +444,18 @@ class LmdbStore(Maintenance):
         def op(txn: Any) -> list[SnapshotInfo]:
             self._load_run(txn, rid)
             pinned = self._pinned(txn, pfx)
+            rows = {number: (key, value) for number, key, value in
+                    snap_rows(txn, self._dbs["snaps"], pfx)}
+            nums = self._index(txn, pfx, rid)
+            if nums is None and rows:
+                raise self._missing(f"the snapshot index of run {run_id!r}")
+            listed = set(nums or ())
             out = []
-            for number, key, value in snap_rows(txn, self._dbs["snaps"], pfx):
+            for number in sorted(listed | set(rows)):
                 try:
+                    if number not in listed or number not in rows:
+                        raise Corrupt("not where the index says")
+                    key, value = rows[number]
                     h, _ = self._sealer.open(b"snaps", key, value)
                     info = SnapshotInfo(run_id, number, int(h["j"]), int(h["s"]), float(h["t"]),
                                         number in pinned)
@@ -473,13 +484,21 @@ class LmdbStore(Maintenance):
         rid = self._rid(run_id)
         pfx = prefix(self._t, rid)
 
-        def numbers(txn: Any) -> list[int]:
+        def numbers(txn: Any) -> tuple[list[int], set[int]]:
+            """The numbers the index lists, and those of them whose record is gone."""
             self._load_run(txn, rid)
-            return [r[0] for r in snap_rows(txn, self._dbs["snaps"], pfx)]
+            present = {r[0] for r in snap_rows(txn, self._dbs["snaps"], pfx)}
+            nums = self._index(txn, pfx, rid)
+            if nums is None:
+                if present:
+                    raise self._missing(f"the snapshot index of run {run_id!r}")
+                return [], set()
+            return nums, set(nums) - present
 
+        listed, lost = self._read(numbers)
         bad: list[tuple[int, str]] = []
         found: tuple[SnapshotInfo, bytes] | None = None
-        for number in reversed(self._read(numbers)):
+        for number in reversed(listed):
             try:
                 found = self._read(lambda txn: self._load(txn, rid, number))
                 break
@@ -491,6 +510,11 @@ class LmdbStore(Maintenance):
                     self._event(txn, rid, "snapshot_corrupt", {"number": number, "error": why})
                 self._event(txn, rid, "fell_back", {
                     "from": bad[0][0], "to": found[0].number if found else None})
+                if lost:  # the index stops naming what damage took, so the run can go on
+                    nums = self._index(txn, pfx, rid)
+                    present = {r[0] for r in snap_rows(txn, self._dbs["snaps"], pfx)}
+                    if nums is not None:
+                        self._put_index(txn, pfx, [n for n in nums if n in present])
             self._write(note)
         return found
 

@@ -57,12 +57,15 @@ import stat
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice, repeat
 from operator import gt, lt
 from typing import Any, Final
 
-__all__ = ["CheckReport", "LmdbDamageError", "check_data_file"]
+__all__ = ["CheckReport", "LmdbDamageError", "Probe", "check_data_file"]
+
+Probe = Callable[[str, int, list[tuple[bytes, bytes]]], "str | None"]
 
 # ---------------------------------------------------------------- mdb.c facts
 _PAGEHDRSZ: Final = 16
@@ -201,6 +204,7 @@ class _Checker:
         self.past_eof: set[int] = set()  # free pages past the end of the file
         self.trees: list[_Tree] = []
         self.fmts: dict[int, struct.Struct] = {}
+        self.probe: Probe | None = None
 
     # ------------------------------------------------------------ reporting
     def fail(self, pgno: int | None, tree: _Tree | None, kind: str, what: str) -> LmdbDamageError:
@@ -560,6 +564,8 @@ class _Checker:
             ext.append(q << 16 | end)
         self.overlap(pgno, tree, kind, ext, ptrs)
         self.order(pgno, tree, kind, keys, lo, hi)
+        if self.probe is not None and tree.kind == "named" and kind == "leaf":
+            self.belongs(buf, off, pgno, tree, ptrs, keys)
         if tree.kind == "free":
             for q, key in zip(ptrs, keys):
                 lo16, hi16, fl16, ks = _NODE_AT(buf, off + q)
@@ -567,6 +573,20 @@ class _Checker:
                 data = _U64.unpack_from(buf, dstart)[0] if fl16 else buf[dstart:dstart + ds]
                 tree.records.append((pgno, int.from_bytes(key, "little"), data, ds))
         return len(ptrs)
+
+    def belongs(self, buf: bytes, off: int, pgno: int, tree: _Tree, ptrs: tuple[int, ...],
+                keys: list[bytes]) -> None:
+        """Ask the probe whether the leaf's records (inline values only) belong to ``tree``."""
+        assert self.probe is not None
+        records = []
+        for q, key in zip(ptrs, keys):
+            lo16, hi16, fl16, ks = _NODE_AT(buf, off + q)
+            if not fl16:
+                dstart = off + q + _NODESIZE + ks
+                records.append((key, buf[dstart:dstart + (lo16 | hi16 << 16)]))
+        why = self.probe(tree.name, pgno, records) if records else None
+        if why:
+            raise self.fail(pgno, tree, "leaf", why)
 
     def special(self, buf: bytes, off: int, pgno: int, tree: _Tree, i: int, ptr: int, fl: int,
                 ks: int, ds: int, nxt: list[tuple[int, _Tree, int, Any, Any]],
@@ -781,7 +801,8 @@ class _Checker:
                             f"database counts are wrong: {diffs}")
 
 
-def check_data_file(path: str, *, txnid: int | None = None, full: bool = True) -> CheckReport:
+def check_data_file(path: str, *, txnid: int | None = None, full: bool = True,
+                    probe: Probe | None = None) -> CheckReport:
     """Verify the structure of one snapshot of the LMDB data file ``path``.
 
     The snapshot is the meta page whose ``mm_txnid`` is ``txnid`` (``LookupError``
@@ -795,6 +816,12 @@ def check_data_file(path: str, *, txnid: int | None = None, full: bool = True) -
     missing file included) and ``OSError`` if the file cannot be read.  Work
     is bounded by the file's size, memory by its page count; nothing is
     mapped, locked or written.
+
+    ``probe(database, pgno, records)``, in a full check, is called with the
+    ``(key, value)`` pairs of each leaf page of a named database (values held
+    in overflow pages left out) and returns why the page cannot belong to that
+    database, or None: a page of another database written in its place has a
+    valid structure, so only the records themselves can tell.
     """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -807,6 +834,8 @@ def check_data_file(path: str, *, txnid: int | None = None, full: bool = True) -
         if st.st_size == 0:
             raise LmdbDamageError(f"{path}: the data file is empty (LMDB would silently start a "
                              "new, empty database in it)")
-        return _Checker(path, fd, st.st_size).run(txnid, full)
+        checker = _Checker(path, fd, st.st_size)
+        checker.probe = probe
+        return checker.run(txnid, full)
     finally:
         os.close(fd)

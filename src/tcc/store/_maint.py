@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import StoreError
 from ._api import Event, GcStats, RunInfo
 from ._codec import Corrupt, check_name, prefix, seq_key, u64
-from ._core import HOST, StoreCore, last_seq
+from ._core import HOST, StoreCore
 from ._refs import apply_diff, iter_prefix, snap_rows, sweep
 
 __all__ = ["Maintenance"]
@@ -199,9 +199,10 @@ class Maintenance(StoreCore):
             shdr, sblobs = self._load_run(txn, src)
             if txn.get(self._t + b"\x00" + new, db=dbs["runs"]) is not None:
                 raise StoreError(f"run {new.decode()!r} already exists in store {self.path}")
-            num = number if number is not None else last_seq(txn, dbs["snaps"], sp)
+            listed = [r[0] for r in self._indexed(txn, sp, src)]
             # (a run killed inside its first effect has no snapshot: num is -1)
-            sval = txn.get(seq_key(self._t, src, num), db=dbs["snaps"]) if num >= 1 else None
+            num = number if number is not None else (listed[-1] if listed else -1)
+            sval = txn.get(seq_key(self._t, src, num), db=dbs["snaps"]) if num in listed else None
             skey = seq_key(self._t, src, max(num, 0))
             if sval is None:
                 which = f"snapshot {number}" if number is not None else (
@@ -227,6 +228,7 @@ class Maintenance(StoreCore):
             held = set(self._held.held(txn, dbs, skey, sval).ids)
             apply_diff(txn, dbs, set(), held, lambda _cid: None)
             txn.put(nkey, nval, db=dbs["snaps"])
+            self._put_index(txn, np_, [1])
             txn.put(sp + u64(num) + b"\x00" + new, b"", db=dbs["pins"])
             now = time.time()
             rhdr = {"entry": shdr["entry"], "strategy": shdr["strategy"], "status": "running",
@@ -278,7 +280,7 @@ class Maintenance(StoreCore):
             dropped = 0
             for key, _ in list(iter_prefix(txn, dbs["runs"], tp)):
                 pfx = prefix(self._t, bytes(key[len(tp):]))
-                rows = snap_rows(txn, dbs["snaps"], pfx)
+                rows = self._indexed(txn, pfx, bytes(key[len(tp):]))
                 dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)[0]
             deleted, repaired = sweep(txn, dbs, self._held)
             return GcStats(snapshots_deleted=dropped, chunks_deleted=deleted,

@@ -37,6 +37,14 @@ A manifest that cannot be read (it was damaged) contributes only what is
 readable.  That can only leak chunks, never free one a readable snapshot
 needs; :func:`sweep` recomputes every count from the manifests and repairs
 such leaks.
+
+Each run with snapshots also has an *index* record in ``snaps``, under its
+prefix plus :data:`HEAD` (it sorts after the run's snapshot records, so it
+shares their leaf page): the sorted list of the run's snapshot numbers,
+sealed like every record.  A snapshot record that damage moved to another key
+(or removed) would otherwise vanish without a trace; the index names it, and
+every commit that adds or drops a snapshot rewrites it in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -52,13 +60,16 @@ from ._codec import Corrupt, Sealer, u64
 __all__ = [
     "FLUSH_RELEASES",
     "Held",
+    "HEAD",
     "HeldCache",
     "SnapRow",
     "apply_diff",
     "data_key",
     "iter_prefix",
     "next_chunk_id",
+    "open_index",
     "pack_ids",
+    "seal_index",
     "snap_rows",
     "sweep",
 ]
@@ -68,6 +79,9 @@ _ID = struct.Struct("<Q")
 FLUSH_RELEASES = 128
 
 SnapRow = tuple[int, bytes, bytes]  # (number, key, sealed value)
+# Key suffix of a run's snapshot index.  A snapshot key is prefix + u64 and a
+# prefix ends in NUL, so no snapshot key ends with this.
+HEAD = b"\xff" * 10
 
 
 def data_key(cid: int) -> bytes:
@@ -119,6 +133,21 @@ def iter_prefix(txn: Any, db: Any, pfx: bytes, start: bytes | None = None) -> It
         if not key.startswith(pfx):
             return
         yield key, value
+
+
+def seal_index(sealer: Sealer, pfx: bytes, numbers: Iterable[int]) -> bytes:
+    """The sealed index record of the run with key prefix ``pfx``."""
+    return sealer.seal(b"snaps", pfx + HEAD, {"n": sorted(numbers)})
+
+
+def open_index(sealer: Sealer, pfx: bytes, value: bytes | memoryview) -> list[int]:
+    """The snapshot numbers an index record lists (Corrupt if it does not verify)."""
+    hdr, _ = sealer.open(b"snaps", pfx + HEAD, value)
+    nums = hdr.get("n")
+    if not (isinstance(nums, list) and all(type(n) is int and n >= 1 for n in nums)
+            and nums == sorted(set(nums))):
+        raise Corrupt("snapshot index is malformed")
+    return nums
 
 
 def snap_rows(txn: Any, db: Any, pfx: bytes) -> list[SnapRow]:
@@ -267,6 +296,8 @@ def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
     per_run: dict[bytes, set[int]] = {}
     newest: dict[bytes, Held] = {}
     for key, value in iter_prefix(txn, dbs["snaps"], b""):
+        if key.endswith(HEAD):
+            continue
         run = bytes(key[:-8])
         held = cache.held(txn, dbs, key, value)
         per_run.setdefault(run, set()).update(held.ids)
