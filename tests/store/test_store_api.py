@@ -350,15 +350,18 @@ def test_consumption_whose_journal_record_was_lost_leaves_the_signal_pending(sto
         run = s.create_run("e", run_id="r")
         assert s.send_signal("r", "go@1", b'{"approved": true}')
         seq = s.append_intent("r", run.epoch, "wait")
+        count_key = b"default\x00r\x00" + HEAD  # the journal's record count, next to the records
+        old_count = s._read(lambda txn: bytes(txn.get(count_key, db=s._dbs["journal"])))  # type: ignore[attr-defined]
         s.checkpoint("r", run.epoch, b"state", completion=Completion(seq, result=b"ok"),
                      consume_signal="go@1")
         assert (s.peek_signal("r", "go@1"), s.signal_state("r", "go@1")) == (None, "consumed")
         assert s.journal("r")[-1].kind == "completion"
         lost = s.journal("r")[-1].seq
     env = lmdb.open(store_path, max_dbs=16)
-    with env.begin(write=True) as txn:
+    with env.begin(write=True) as txn:  # the journal leaf as it was before (a lost page write)
         journal = env.open_db(b"journal", txn=txn)
         assert txn.delete(b"default\x00r\x00" + lost.to_bytes(8, "big"), db=journal)
+        txn.put(count_key, old_count, db=journal)
     env.close()
     with open_store(store_path) as s:
         assert s.signal_state("r", "go@1") == "pending"
@@ -380,8 +383,8 @@ def test_consumption_without_a_completion_is_final(store_path: str) -> None:
 
 
 def _set_format_version(path: str, version: int) -> None:
-    """Mark the store as written by format ``version``; below 3, drop the snapshot
-    indexes as such a store would not have them."""
+    """Mark the store as written by format ``version``; below 3, drop the runs' head
+    records (snapshot index, journal and event counts) as such a store would not have them."""
     import json
 
     import lmdb
@@ -393,10 +396,11 @@ def _set_format_version(path: str, version: int) -> None:
         hdr["version"] = version
         txn.put(b"format", json.dumps(hdr).encode(), db=meta)
         if version < 3:
-            snaps = env.open_db(b"snaps", txn=txn)
-            for key in [bytes(k) for k in txn.cursor(db=snaps).iternext(values=False)]:
-                if key.endswith(HEAD):
-                    txn.delete(key, db=snaps)
+            for name in (b"snaps", b"journal", b"events"):
+                db = env.open_db(name, txn=txn)
+                for key in [bytes(k) for k in txn.cursor(db=db).iternext(values=False)]:
+                    if key.endswith(HEAD):
+                        txn.delete(key, db=db)
     env.close()
 
 
@@ -426,9 +430,10 @@ def test_version_1_store_is_upgraded_and_still_reads(store_path: str) -> None:
 
 
 @pytest.mark.parametrize("old", [1, 2])
-def test_old_store_gets_snapshot_indexes_on_upgrade(store_path: str, old: int) -> None:
+def test_old_store_gets_head_records_on_upgrade(store_path: str, old: int) -> None:
     """Upgrading a format 1 or 2 store indexes the snapshots every run already has (forks
-    and retained ones included), so nothing reads as missing and damage is caught after."""
+    and retained ones included) and counts its journal and events, so nothing reads as
+    missing and damage is caught after."""
     with open_store(store_path, keep=2) as s:
         run = s.create_run("e", run_id="r")
         for i in range(4):
@@ -436,13 +441,20 @@ def test_old_store_gets_snapshot_indexes_on_upgrade(store_path: str, old: int) -
         s.fork_run("r", 3, new_run_id="f")
         s.checkpoint("r", run.epoch, payload(9, 20_000))
         before = {r: [(i.number, i.journal_len) for i in s.snapshots(r)] for r in ("r", "f")}
+        s.append_intent("r", run.epoch, "step")
+        trail = {r: ([j.seq for j in s.journal(r)], [e.kind for e in s.events(r)]) for r in ("r", "f")}
     assert before["r"] == [(3, 0), (4, 0), (5, 0)]  # 3 is pinned by the fork
     _set_format_version(store_path, old)
     with open_store(store_path, keep=2) as s:
         assert {r: [(i.number, i.journal_len) for i in s.snapshots(r)] for r in ("r", "f")} == before
+        assert {r: ([j.seq for j in s.journal(r)], [e.kind for e in s.events(r)])
+                for r in ("r", "f")} == trail
         assert s.load_snapshot("f") == payload(2, 20_000)
-        s.checkpoint("r", run.epoch, payload(10, 20_000))
+        s.checkpoint("r", run.epoch, payload(10, 20_000), completion=Completion(0, result=b"x"))
+        s.add_event("r", "note")
         assert [i.number for i in s.snapshots("r")] == [3, 5, 6]
+        assert [j.seq for j in s.journal("r")] == [0, 1]
+        assert [e.kind for e in s.events("r")] == trail["r"][1] + ["note"]
     assert _format_version(store_path) == 3
 
 

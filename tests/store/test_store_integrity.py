@@ -409,3 +409,49 @@ def test_one_damaged_record_does_not_make_its_page_misplaced(store_path: str) ->
         assert s.peek_signal("b", "go") == b"yes"
         with pytest.raises(StoreCorruptError, match="signal"):
             s.peek_signal("a", "go")
+
+
+@pytest.mark.parametrize("db", [b"events", b"journal"])
+def test_newest_record_moved_away_is_reported_missing(store_path: str, db: bytes) -> None:
+    """Regression (found by the slow corruption campaign, mutants #8 and #196): flipped key bits
+    moved a run's NEWEST event away; that leaves no gap, so `tcc show` silently lost the
+    'approved' event.  Each run's journal and events keep a sealed record count."""
+    _make(store_path, n=2)
+    with open_store(store_path) as s:
+        s.add_event("r", "note", {"i": 1})
+        count = len(s.events("r")) if db == b"events" else len(s.journal("r"))
+    keys = [k for k in _snap_keys_all_of(store_path, db) if k.startswith(b"default\x00r\x00")]
+    newest = [k for k in keys if not k.endswith(HEAD)][-1]
+    assert int.from_bytes(newest[-8:], "big") == count - 1
+    _edit(store_path, db, lambda txn, dbi: txn.put(newest[:-9] + b"\xfe" + newest[-8:],
+                                                     txn.get(newest, db=dbi), db=dbi))
+    _edit(store_path, db, lambda txn, dbi: txn.delete(newest, db=dbi))
+    what = "event" if db == b"events" else "journal record"
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match=rf"{what} {count - 1} of run 'r' is missing"):
+            s.events("r") if db == b"events" else s.journal("r")
+        if db == b"journal":  # nothing is appended to a journal that lost records
+            with pytest.raises(StoreCorruptError, match=rf"journal record {count - 1} of run 'r' is missing"):
+                s.append_intent("r", 1, "step")
+        else:  # an event still gets recorded, after the hole, which stays visible
+            s.add_event("r", "later")
+            with pytest.raises(StoreCorruptError, match=rf"event {count - 1} of run 'r' is missing"):
+                s.events("r")
+
+
+def test_missing_count_record_is_reported(store_path: str) -> None:
+    """A journal whose count record went missing is refused for reading and appending."""
+    _make(store_path, n=2)
+    key = b"default\x00r\x00" + HEAD
+    _edit(store_path, b"journal", lambda txn, dbi: txn.delete(key, db=dbi))
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match="the journal record count of run 'r' is missing"):
+            s.journal("r")
+        with pytest.raises(StoreCorruptError, match="the journal record count of run 'r' is missing"):
+            s.checkpoint("r", 1, payload(9, SIZE))
+
+
+def _snap_keys_all_of(path: str, db: bytes) -> list[bytes]:
+    keys: list[bytes] = []
+    _edit(path, db, lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
+    return keys

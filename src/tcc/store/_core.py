@@ -28,9 +28,9 @@ from ._refs import (
     apply_diff,
     data_key,
     iter_prefix,
-    open_index,
+    open_head,
     pack_ids,
-    seal_index,
+    seal_head,
     snap_rows,
 )
 
@@ -79,8 +79,8 @@ class StoreCore:
         self._held = HeldCache(self._sealer)
         # run key -> (record bytes, header, blobs) of the last run record verified
         self._runs_seen: dict[bytes, tuple[bytes, dict[str, Any], dict[str, bytes]]] = {}
-        # index key -> (record bytes, numbers) of the last snapshot index verified
-        self._index_seen: dict[bytes, tuple[bytes, list[int]]] = {}
+        # db + head key -> (record bytes, value) of head records verified or written
+        self._heads_seen: dict[bytes, tuple[bytes, Any]] = {}
         self._closed = False
         self._memo_lock = threading.Lock()
         self._memos: dict[bytes, Any] = {}  # run id -> _lmdb._RunMemo
@@ -192,10 +192,11 @@ class StoreCore:
 
     def _event(self, txn: Any, rid: bytes, kind: str, data: Mapping[str, Any] | None) -> None:
         pfx = prefix(self._t, rid)
-        seq = last_seq(txn, self._dbs["events"], pfx) + 1
+        seq = self._next_seq(txn, "events", pfx, rid)
         key = seq_key(self._t, rid, seq)
         rec = self._sealer.seal(b"events", key, {"k": kind, "t": time.time(), "d": dict(data or {})})
         txn.put(key, rec, db=self._dbs["events"])
+        self._put_head(txn, "events", pfx, seq + 1)
 
     def _retain(
         self,
@@ -253,27 +254,82 @@ class StoreCore:
             self._put_index(txn, pfx, [r[0] for r in kept] + ([row[0]] if row is not None else []))
         return len(dropped), row, deferred
 
-    # ------------------------------------------------------- snapshot index
+    # ------------------------------------------------- head records of a run
+    # Under prefix + HEAD: in ``snaps`` the list of the run's snapshot numbers,
+    # in ``journal`` and ``events`` how many records the run has.  Each is
+    # sealed and rewritten in every transaction that changes what it states.
+    def _head(self, txn: Any, db: str, pfx: bytes, what: str) -> Any:
+        """The verified ``n`` of the run's head record in ``db`` (None: no record)."""
+        key = pfx + HEAD
+        raw = txn.get(key, db=self._dbs[db])
+        if raw is None:
+            return None
+        seen = self._heads_seen.get(db.encode() + key)
+        if seen is not None and seen[0] == raw:
+            return seen[1]
+        try:
+            n = open_head(self._sealer, db, pfx, raw)
+        except Corrupt as exc:
+            raise self._corrupt(what, exc) from None
+        self._remember_head(db, key, bytes(raw), n)
+        return n
+
+    def _remember_head(self, db: str, key: bytes, raw: bytes, n: Any) -> None:
+        # bytes sealed here or verified before: safe to trust when read back unchanged
+        if len(self._heads_seen) >= 64:
+            self._heads_seen.clear()
+        self._heads_seen[db.encode() + key] = (raw, n)
+
+    def _put_head(self, txn: Any, db: str, pfx: bytes, n: Any) -> None:
+        key = pfx + HEAD
+        raw = seal_head(self._sealer, db, pfx, n)
+        txn.put(key, raw, db=self._dbs[db])
+        self._remember_head(db, key, raw, n)
+
     def _index(self, txn: Any, pfx: bytes, rid: bytes) -> list[int] | None:
         """The snapshot numbers the run's index lists (None: no index record).
 
         Raises StoreCorruptError if the index fails verification.
         """
-        key = pfx + HEAD
-        raw = txn.get(key, db=self._dbs["snaps"])
-        if raw is None:
-            return None
-        seen = self._index_seen.get(key)
-        if seen is not None and seen[0] == raw:
-            return list(seen[1])
-        try:
-            nums = open_index(self._sealer, pfx, raw)
-        except Corrupt as exc:
-            raise self._corrupt(f"the snapshot index of run {rid.decode()!r}", exc) from None
-        if len(self._index_seen) >= 64:
-            self._index_seen.clear()
-        self._index_seen[key] = (bytes(raw), nums)
-        return list(nums)
+        nums = self._head(txn, "snaps", pfx, f"the snapshot index of run {rid.decode()!r}")
+        return None if nums is None else list(nums)
+
+    def _next_seq(self, txn: Any, db: str, pfx: bytes, rid: bytes) -> int:
+        """The sequence number of the run's next ``db`` record (journal or events).
+
+        The count record must agree with the records: if the newest records
+        were moved away or lost, the journal refuses to go on
+        (StoreCorruptError).  Events continue after the count, so the hole
+        stays visible to :meth:`events`.
+        """
+        last = last_seq(txn, self._dbs[db], pfx) + 1
+        what = "journal record" if db == "journal" else "event"
+        n = self._head(txn, db, pfx, f"the {what} count of run {rid.decode()!r}")
+        if n is None:
+            if last and db == "journal":
+                raise self._missing(f"the journal record count of run {rid.decode()!r}")
+            return last
+        if n != last and db == "journal":
+            raise self._count_mismatch(db, rid, int(n), last)
+        return max(int(n), last)
+
+    def _count_mismatch(self, db: str, rid: bytes, n: int, found: int) -> StoreCorruptError:
+        what = "journal record" if db == "journal" else "event"
+        if n > found:
+            return self._missing(f"{what} {found} of run {rid.decode()!r}")
+        return StoreCorruptError(
+            f"store {self.path}: run {rid.decode()!r} has {found} {what}s but its count says {n} "
+            "(damage moved records or rolled the count back); restore the store from a backup")
+
+    def _check_count(self, txn: Any, db: str, pfx: bytes, rid: bytes, found: int) -> None:
+        """``found`` records (0 .. found - 1, gap-free) agree with the run's count record."""
+        what = "journal record" if db == "journal" else "event"
+        n = self._head(txn, db, pfx, f"the {what} count of run {rid.decode()!r}")
+        if n is None:
+            if found:
+                raise self._missing(f"the {what} count of run {rid.decode()!r}")
+        elif n != found:
+            raise self._count_mismatch(db, rid, int(n), found)
 
     def _indexed(self, txn: Any, pfx: bytes, rid: bytes) -> list[SnapRow]:
         """The run's snapshot rows, oldest first, checked against its index.
@@ -297,11 +353,10 @@ class StoreCore:
         return rows
 
     def _put_index(self, txn: Any, pfx: bytes, numbers: list[int]) -> None:
-        key = pfx + HEAD
         if numbers:
-            txn.put(key, seal_index(self._sealer, pfx, numbers), db=self._dbs["snaps"])
+            self._put_head(txn, "snaps", pfx, sorted(numbers))
         else:
-            txn.delete(key, db=self._dbs["snaps"])
+            txn.delete(pfx + HEAD, db=self._dbs["snaps"])
 
     def _pinned(self, txn: Any, pfx: bytes) -> set[int]:
         return {int.from_bytes(k[len(pfx):len(pfx) + 8], "big")

@@ -31,15 +31,16 @@ import lmdb
 from ..errors import StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError
 from ._codec import RECORD_MIN, SECRET_NAME, Corrupt, Sealer, load_or_create_secret
 from ._lmdbcheck import LmdbDamageError, check_data_file
-from ._refs import HEAD, seal_index
+from ._refs import HEAD, seal_head
 
 __all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
 
 T = TypeVar("T")
 DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins")
 # Version 2 added inline payloads and pending-release lists to snapshot
-# records (see _chunks and _refs); version 3 a per-run index of snapshot
-# numbers (_refs.HEAD).  Older stores are upgraded on open.
+# records (see _chunks and _refs); version 3 per-run head records: the list
+# of snapshot numbers and the journal and event counts (_refs.HEAD).  Older
+# stores are upgraded on open.
 FORMAT = {"magic": "tcc-store", "version": 3}
 _UPGRADABLE = (1, 2)
 LOCK_NAME = "tcc.lock"
@@ -415,15 +416,18 @@ class EnvHandle:
                                     "restore the original secret file")
 
     def _index_snapshots(self, txn: Any) -> None:
-        """Write every run's snapshot index (the upgrade to format 3)."""
-        runs: dict[bytes, list[int]] = {}
-        with txn.cursor(db=self.dbs["snaps"]) as cur:
-            for key in cur.iternext(values=False):
-                key = bytes(key)
-                if not key.endswith(HEAD):
-                    runs.setdefault(key[:-8], []).append(int.from_bytes(key[-8:], "big"))
-        for pfx, numbers in runs.items():
-            txn.put(pfx + HEAD, seal_index(self.sealer, pfx, numbers), db=self.dbs["snaps"])
+        """Write every run's head records (the upgrade to format 3): the list of
+        its snapshot numbers, and its journal and event counts."""
+        for db in ("snaps", "journal", "events"):
+            runs: dict[bytes, list[int]] = {}
+            with txn.cursor(db=self.dbs[db]) as cur:
+                for key in cur.iternext(values=False):
+                    key = bytes(key)
+                    if not key.endswith(HEAD):
+                        runs.setdefault(key[:-8], []).append(int.from_bytes(key[-8:], "big"))
+            for pfx, seqs in runs.items():
+                n: int | list[int] = sorted(seqs) if db == "snaps" else max(seqs) + 1
+                txn.put(pfx + HEAD, seal_head(self.sealer, db, pfx, n), db=self.dbs[db])
 
     # ------------------------------------------------------------------ guards
     def check(self) -> None:

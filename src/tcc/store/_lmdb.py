@@ -22,7 +22,7 @@ from ._chunks import (
 from ._codec import Corrupt, check_name, prefix, seq_key
 from ._core import HOST, last_seq
 from ._maint import Maintenance
-from ._refs import SnapRow, iter_prefix, next_chunk_id, snap_rows
+from ._refs import HEAD, SnapRow, iter_prefix, next_chunk_id, snap_rows
 
 __all__ = ["LmdbStore"]
 
@@ -167,8 +167,10 @@ class LmdbStore(Maintenance):
     # ---------------------------------------------------------------- journal
     def _put_journal(self, txn: Any, rid: bytes, seq: int, hdr: dict[str, Any],
                      blobs: dict[str, bytes]) -> None:
+        """Append record ``seq`` (from :meth:`_next_seq`) and count it."""
         key = seq_key(self._t, rid, seq)
         txn.put(key, self._sealer.seal(b"journal", key, hdr, blobs), db=self._dbs["journal"])
+        self._put_head(txn, "journal", key[:-8], seq + 1)
 
     def _completion(self, txn: Any, rid: bytes, seq: int, c: Completion, now: float) -> None:
         blobs = {}
@@ -194,7 +196,7 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> int:
             self._fence(txn, rid, epoch)
-            seq = last_seq(txn, self._dbs["journal"], prefix(self._t, rid)) + 1
+            seq = self._next_seq(txn, "journal", prefix(self._t, rid), rid)
             self._put_journal(txn, rid, seq, {"k": "i", "t": time.time(), "n": name,
                                               "ik": idempotency_key, "a": attempt},
                               {"args": bytes(args)})
@@ -213,7 +215,7 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> int:
             self._fence(txn, rid, epoch)
-            seq = last_seq(txn, self._dbs["journal"], prefix(self._t, rid)) + 1
+            seq = self._next_seq(txn, "journal", prefix(self._t, rid), rid)
             if consume_signal is not None:
                 self._consume_or_fence(txn, run_id, rid, consume_signal, epoch, seq)
             self._completion(txn, rid, seq, completion, time.time())
@@ -238,6 +240,8 @@ class LmdbStore(Maintenance):
             out: list[JournalRecord] = []
             first = seq_key(self._t, rid, max(0, start))
             for key, value in iter_prefix(txn, self._dbs["journal"], first[:-8], first):
+                if key.endswith(HEAD):  # the count, after the records
+                    break
                 seq = int.from_bytes(key[-8:], "big")
                 if seq < start:
                     continue
@@ -255,6 +259,14 @@ class LmdbStore(Maintenance):
                 else:
                     out.append(JournalRecord(seq, "completion", h["t"], intent_seq=h["i"],
                                              result=b.get("r"), error=b.get("e"), duration=h["d"]))
+            # the newest records leave no gap when they go: the count says how many there are
+            pfx, end = first[:-8], max(0, start) + len(out)
+            n = self._head(txn, "journal", pfx, f"the journal record count of run {run_id!r}")
+            if n is None:
+                if last_seq(txn, self._dbs["journal"], pfx) >= 0:
+                    raise self._missing(f"the journal record count of run {run_id!r}")
+            elif end != n and (out or max(0, start) < n):
+                raise self._count_mismatch("journal", rid, n, end)
             return out
 
         return self._read(op)
@@ -317,7 +329,7 @@ class LmdbStore(Maintenance):
 
         def op(txn: Any) -> SnapshotInfo:
             self._fence(txn, rid, epoch)
-            jlen = last_seq(txn, dbs["journal"], pfx) + 1
+            jlen = self._next_seq(txn, "journal", pfx, rid)
             if consume_signal is not None:  # recorded by the completion at jlen, if any
                 self._consume_or_fence(txn, run_id, rid, consume_signal, epoch,
                                        jlen if completion is not None else None)

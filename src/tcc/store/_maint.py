@@ -12,7 +12,7 @@ from ..errors import StoreError
 from ._api import Event, GcStats, RunInfo
 from ._codec import Corrupt, check_name, prefix, seq_key, u64
 from ._core import HOST, StoreCore
-from ._refs import apply_diff, iter_prefix, snap_rows, sweep
+from ._refs import HEAD, apply_diff, iter_prefix, snap_rows, sweep
 
 __all__ = ["Maintenance"]
 
@@ -168,6 +168,8 @@ class Maintenance(StoreCore):
         def op(txn: Any) -> list[Event]:
             out: list[Event] = []
             for key, raw in iter_prefix(txn, self._dbs["events"], pfx):
+                if key.endswith(HEAD):  # the count, after the events
+                    break
                 if int.from_bytes(key[-8:], "big") != len(out) or len(key) != len(pfx) + 8:
                     # events are appended 0, 1, 2, ... and never deleted
                     raise self._missing(f"event {len(out)} of run {run_id!r}")
@@ -176,6 +178,7 @@ class Maintenance(StoreCore):
                 except Corrupt as exc:
                     raise self._corrupt(f"an event of run {run_id!r}", exc) from None
                 out.append(Event(run_id, int.from_bytes(key[-8:], "big"), hdr["k"], hdr["t"], hdr["d"]))
+            self._check_count(txn, "events", pfx, rid, len(out))  # the newest leave no gap
             return out
 
         return self._read(op)
@@ -222,6 +225,8 @@ class Maintenance(StoreCore):
                     raise self._corrupt(f"journal record {seq} of run {run_id!r}", exc) from None
                 nk = seq_key(self._t, new, seq)
                 txn.put(nk, sealer.seal(b"journal", nk, jh, jb), db=dbs["journal"])
+            if hdr["j"]:
+                self._put_head(txn, "journal", np_, hdr["j"])
             nkey = seq_key(self._t, new, 1)
             # the source's pending releases are its own: the fork holds only the manifest
             nval = sealer.seal(b"snaps", nkey, hdr, {k: v for k, v in blobs.items() if k != "r"})

@@ -44,7 +44,9 @@ shares their leaf page): the sorted list of the run's snapshot numbers,
 sealed like every record.  A snapshot record that damage moved to another key
 (or removed) would otherwise vanish without a trace; the index names it, and
 every commit that adds or drops a snapshot rewrites it in the same
-transaction.
+transaction.  The journal and events databases keep the same kind of head
+record holding the run's record count, so losing the newest records (which
+leaves no gap) is detected too.
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ __all__ = [
     "data_key",
     "iter_prefix",
     "next_chunk_id",
-    "open_index",
+    "open_head",
     "pack_ids",
-    "seal_index",
+    "seal_head",
     "snap_rows",
     "sweep",
 ]
@@ -135,19 +137,23 @@ def iter_prefix(txn: Any, db: Any, pfx: bytes, start: bytes | None = None) -> It
         yield key, value
 
 
-def seal_index(sealer: Sealer, pfx: bytes, numbers: Iterable[int]) -> bytes:
-    """The sealed index record of the run with key prefix ``pfx``."""
-    return sealer.seal(b"snaps", pfx + HEAD, {"n": sorted(numbers)})
+def seal_head(sealer: Sealer, db: str, pfx: bytes, n: int | list[int]) -> bytes:
+    """The sealed head record of the run with key prefix ``pfx`` in ``db``: its
+    snapshot numbers (``snaps``) or its record count (``journal``, ``events``)."""
+    return sealer.seal(db.encode(), pfx + HEAD, {"n": n})
 
 
-def open_index(sealer: Sealer, pfx: bytes, value: bytes | memoryview) -> list[int]:
-    """The snapshot numbers an index record lists (Corrupt if it does not verify)."""
-    hdr, _ = sealer.open(b"snaps", pfx + HEAD, value)
-    nums = hdr.get("n")
-    if not (isinstance(nums, list) and all(type(n) is int and n >= 1 for n in nums)
-            and nums == sorted(set(nums))):
-        raise Corrupt("snapshot index is malformed")
-    return nums
+def open_head(sealer: Sealer, db: str, pfx: bytes, value: bytes | memoryview) -> int | list[int]:
+    """What a head record states (Corrupt if it does not verify or is malformed)."""
+    hdr, _ = sealer.open(db.encode(), pfx + HEAD, value)
+    n = hdr.get("n")
+    if db == "snaps":
+        if (isinstance(n, list) and all(type(x) is int and x >= 1 for x in n)
+                and n == sorted(set(n))):
+            return n
+    elif type(n) is int and n >= 0:
+        return n
+    raise Corrupt(f"the {db} head record is malformed")
 
 
 def snap_rows(txn: Any, db: Any, pfx: bytes) -> list[SnapRow]:
