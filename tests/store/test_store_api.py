@@ -396,7 +396,7 @@ def _set_format_version(path: str, version: int) -> None:
         hdr["version"] = version
         txn.put(b"format", json.dumps(hdr).encode(), db=meta)
         if version < 3:
-            for name in (b"snaps", b"journal", b"events"):
+            for name in (b"snaps", b"journal", b"events", b"signals", b"runs"):
                 db = env.open_db(name, txn=txn)
                 for key in [bytes(k) for k in txn.cursor(db=db).iternext(values=False)]:
                     if key.endswith(HEAD):
@@ -442,6 +442,7 @@ def test_old_store_gets_head_records_on_upgrade(store_path: str, old: int) -> No
         s.checkpoint("r", run.epoch, payload(9, 20_000))
         before = {r: [(i.number, i.journal_len) for i in s.snapshots(r)] for r in ("r", "f")}
         s.append_intent("r", run.epoch, "step")
+        s.send_signal("r", "go")
         trail = {r: ([j.seq for j in s.journal(r)], [e.kind for e in s.events(r)]) for r in ("r", "f")}
     assert before["r"] == [(3, 0), (4, 0), (5, 0)]  # 3 is pinned by the fork
     _set_format_version(store_path, old)
@@ -455,6 +456,10 @@ def test_old_store_gets_head_records_on_upgrade(store_path: str, old: int) -> No
         assert [i.number for i in s.snapshots("r")] == [3, 5, 6]
         assert [j.seq for j in s.journal("r")] == [0, 1]
         assert [e.kind for e in s.events("r")] == trail["r"][1] + ["note"]
+        assert [r.run_id for r in s.list_runs()] == ["f", "r"] and s.pending_signals("r") == ["go"]
+        assert s.send_signal("f", "go") and s.create_run("e", run_id="g")
+        s.delete_run("f")
+        assert [r.run_id for r in s.list_runs()] == ["g", "r"] and s.pending_signals("r") == ["go"]
     assert _format_version(store_path) == 3
 
 

@@ -378,13 +378,16 @@ def test_page_of_another_database_in_place_of_a_leaf_is_refused(store_path: str)
     LMDB just did not find the signals: a delivered approval read as never sent.  Each
     record's MAC names its database, so the page is refused as misplaced at open."""
     with open_store(store_path) as s:
-        for rid in ("a", "b"):
+        for rid in ("a", "b", "c"):
             s.create_run("e", run_id=rid)
+        for rid in ("a", "b"):
             s.send_signal(rid, "go", b"yes")
     leaves = _leaves(store_path)
     [(target, sigs)] = leaves["signals"]
     [(source, runs)] = leaves["runs"]
-    assert len(sigs) == len(runs) == 2  # same count: the database's counts still match
+    # 3 runs + the tenant's run count; 2 signals + each run's signal count: the same number
+    # of entries, so the database's recorded counts still match
+    assert len(sigs) == len(runs) == 4
     mdb = Path(store_path) / "data.mdb"
     data = bytearray(mdb.read_bytes())
     page = bytearray(data[source * 4096:(source + 1) * 4096])
@@ -455,3 +458,37 @@ def _snap_keys_all_of(path: str, db: bytes) -> list[bytes]:
     keys: list[bytes] = []
     _edit(path, db, lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
     return keys
+
+
+def test_run_record_moved_away_is_reported(store_path: str) -> None:
+    """A run record moved to another key by damage does not just vanish from the list: the
+    tenant's sealed run count disagrees, for `list_runs` and for a lookup of that run."""
+    with open_store(store_path) as s:
+        for rid in ("a", "b"):
+            s.create_run("e", run_id=rid)
+    _edit(store_path, b"runs", lambda txn, dbi: txn.put(b"defaulu\x00a", txn.get(b"default\x00a", db=dbi), db=dbi))
+    _edit(store_path, b"runs", lambda txn, dbi: txn.delete(b"default\x00a", db=dbi))
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match="tenant 'default' has 1 runs but its count says 2"):
+            s.list_runs()
+        with pytest.raises(StoreCorruptError, match="tenant 'default' has 1 runs but its count says 2"):
+            s.get_run("a")
+        assert s.get_run("b").run_id == "b"
+
+
+def test_signal_record_moved_away_is_reported(store_path: str) -> None:
+    """Regression class of the stale-signals finding: a delivered approval whose record damage
+    moved away must not read as never sent; the run's sealed signal count disagrees."""
+    with open_store(store_path) as s:
+        s.create_run("e", run_id="r")
+        s.send_signal("r", "go@1", b"yes")
+    key = b"default\x00r\x00go@1"
+    _edit(store_path, b"signals", lambda txn, dbi: txn.put(b"default\x00s\x00go@1", txn.get(key, db=dbi), db=dbi))
+    _edit(store_path, b"signals", lambda txn, dbi: txn.delete(key, db=dbi))
+    with open_store(store_path) as s:
+        for read in (lambda: s.peek_signal("r", "go@1"), lambda: s.signal_state("r", "go@1"),
+                     lambda: s.pending_signals("r")):
+            with pytest.raises(StoreCorruptError, match="run 'r' has 0 signals but its count says 1"):
+                read()
+        with pytest.raises(StoreCorruptError, match="run 'r' has 0 signals but its count says 1"):
+            s.take_signal("r", 1, "go@1")

@@ -153,6 +153,7 @@ class StoreCore:
         key = self._t + b"\x00" + rid
         raw = txn.get(key, db=self._dbs["runs"])
         if raw is None:
+            self._check_members(txn, "runs", self._t + b"\x00", None, f"tenant {self.tenant!r}")
             raise RunNotFoundError(
                 f"no run {rid.decode()!r} for tenant {self.tenant!r} in store {self.path}")
         seen = self._runs_seen.get(key)
@@ -320,6 +321,31 @@ class StoreCore:
         return StoreCorruptError(
             f"store {self.path}: run {rid.decode()!r} has {found} {what}s but its count says {n} "
             "(damage moved records or rolled the count back); restore the store from a backup")
+
+    # Runs of a tenant (head under tenant + NUL) and signals of a run have no
+    # sequence numbers, only a count.  Checked where a record is found missing
+    # and where all are listed; adding trusts the count (it is sealed).
+    def _members(self, txn: Any, db: str, pfx: bytes) -> int:
+        return sum(1 for k, _ in iter_prefix(txn, self._dbs[db], pfx) if not k.endswith(HEAD))
+
+    def _check_members(self, txn: Any, db: str, pfx: bytes, found: int | None, whose: str) -> None:
+        """``found`` records under ``pfx`` (None: count them) agree with its count record."""
+        noun = "run" if db == "runs" else "signal"
+        n = self._head(txn, db, pfx, f"the {noun} count of {whose}")
+        if found is None:
+            found = self._members(txn, db, pfx)
+        if (n or 0) != found:
+            raise StoreCorruptError(
+                f"store {self.path}: {whose} has {found} {noun}s but its count says {n or 0} "
+                f"(damage moved, lost or rolled back a {noun} record); restore the store from "
+                "a backup")
+
+    def _add_member(self, txn: Any, db: str, pfx: bytes, delta: int, whose: str) -> None:
+        noun = "run" if db == "runs" else "signal"
+        n = self._head(txn, db, pfx, f"the {noun} count of {whose}")
+        if n is None:  # (only damage removes it; the records themselves are all there is)
+            n = self._members(txn, db, pfx) - (delta if delta > 0 else 0)
+        self._put_head(txn, db, pfx, max(0, int(n) + delta))
 
     def _check_count(self, txn: Any, db: str, pfx: bytes, rid: bytes, found: int) -> None:
         """``found`` records (0 .. found - 1, gap-free) agree with the run's count record."""

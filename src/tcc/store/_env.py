@@ -416,17 +416,26 @@ class EnvHandle:
                                     "restore the original secret file")
 
     def _index_snapshots(self, txn: Any) -> None:
-        """Write every run's head records (the upgrade to format 3): the list of
-        its snapshot numbers, and its journal and event counts."""
-        for db in ("snaps", "journal", "events"):
-            runs: dict[bytes, list[int]] = {}
+        """Write the head records (the upgrade to format 3): per run the list of
+        its snapshot numbers and its journal, event and signal counts; per
+        tenant its run count."""
+        for db in ("snaps", "journal", "events", "signals", "runs"):
+            heads: dict[bytes, list[int]] = {}
             with txn.cursor(db=self.dbs[db]) as cur:
                 for key in cur.iternext(values=False):
                     key = bytes(key)
-                    if not key.endswith(HEAD):
-                        runs.setdefault(key[:-8], []).append(int.from_bytes(key[-8:], "big"))
-            for pfx, seqs in runs.items():
-                n: int | list[int] = sorted(seqs) if db == "snaps" else max(seqs) + 1
+                    if key.endswith(HEAD):
+                        continue
+                    if db in ("signals", "runs"):  # counted: runs per tenant, signals per run
+                        cut = key.index(b"\x00") + 1
+                        if db == "signals":
+                            cut = key.index(b"\x00", cut) + 1
+                        heads.setdefault(key[:cut], []).append(0)
+                    else:
+                        heads.setdefault(key[:-8], []).append(int.from_bytes(key[-8:], "big"))
+            for pfx, seqs in heads.items():
+                n: int | list[int] = (sorted(seqs) if db == "snaps" else len(seqs)
+                                      if db in ("signals", "runs") else max(seqs) + 1)
                 txn.put(pfx + HEAD, seal_head(self.sealer, db, pfx, n), db=self.dbs[db])
 
     # ------------------------------------------------------------------ guards

@@ -68,6 +68,7 @@ class LmdbStore(Maintenance):
             if txn.get(self._t + b"\x00" + rid, db=self._dbs["runs"]) is not None:
                 raise StoreError(f"run {rid.decode()!r} already exists in store {self.path}")
             self._put_run(txn, rid, hdr, blobs)
+            self._add_member(txn, "runs", self._t + b"\x00", 1, f"tenant {self.tenant!r}")
             self._event(txn, rid, "created", {"entry": entry, "epoch": 1})
             return self._info(rid, hdr, blobs)
 
@@ -83,11 +84,15 @@ class LmdbStore(Maintenance):
         pfx = self._t + b"\x00"
 
         def op(txn: Any) -> list[RunInfo]:
-            out = []
+            out, found = [], 0
             for key, _ in iter_prefix(txn, self._dbs["runs"], pfx):
+                if key.endswith(HEAD):  # the tenant's run count
+                    continue
+                found += 1
                 info = self._info(key[len(pfx):], *self._load_run(txn, key[len(pfx):]))
                 if status is None or info.status == status:
                     out.append(info)
+            self._check_members(txn, "runs", pfx, found, f"tenant {self.tenant!r}")
             return out
 
         return self._read(op)

@@ -37,6 +37,7 @@ class Maintenance(StoreCore):
             rec = self._sealer.seal(b"signals", key, {"s": "pending", "t": time.time()},
                                     {"v": bytes(value)})
             txn.put(key, rec, db=self._dbs["signals"])
+            self._add_member(txn, "signals", prefix(self._t, rid), 1, f"run {run_id!r}")
             return True
 
         return self._write(op)
@@ -95,7 +96,8 @@ class Maintenance(StoreCore):
     def _open_signal(self, txn: Any, run_id: str, key: bytes, name: str) -> tuple[Any, Any] | None:
         """The verified (header, blobs) of a signal record, or None if never sent."""
         raw = txn.get(key, db=self._dbs["signals"])
-        if raw is None:
+        if raw is None:  # never sent -- unless damage moved or lost its record
+            self._check_members(txn, "signals", key[:len(key) - len(name)], None, f"run {run_id!r}")
             return None
         try:
             opened: tuple[Any, Any] = self._sealer.open(b"signals", key, raw)
@@ -137,14 +139,18 @@ class Maintenance(StoreCore):
 
         def op(txn: Any) -> list[str]:
             self._load_run(txn, rid)
-            out = []
+            out, found = [], 0
             for key, raw in iter_prefix(txn, self._dbs["signals"], pfx):
+                if key.endswith(HEAD):  # the run's signal count
+                    continue
+                found += 1
                 try:
                     hdr, _ = self._sealer.open(b"signals", key, raw)
                 except Corrupt as exc:
                     raise self._corrupt(f"a signal of run {run_id!r}", exc) from None
                 if hdr["s"] == "pending" or self._orphaned(txn, bytes(key), hdr):
                     out.append(key[len(pfx):].decode())
+            self._check_members(txn, "signals", pfx, found, f"run {run_id!r}")
             return out
 
         return self._read(op)
@@ -241,6 +247,7 @@ class Maintenance(StoreCore):
                     "lease": now + 30.0, "parent": [src.decode(), num]}
             rblobs = {"args": sblobs.get("args", b"")}
             self._put_run(txn, new, rhdr, rblobs)
+            self._add_member(txn, "runs", self._t + b"\x00", 1, f"tenant {self.tenant!r}")
             self._event(txn, new, "created", {"forked_from": src.decode(), "snapshot": num})
             self._event(txn, src, "forked", {"snapshot": num, "child": new.decode()})
             return self._info(new, rhdr, rblobs)
@@ -266,6 +273,7 @@ class Maintenance(StoreCore):
                 pk = prefix(self._t, parent[0].encode()) + u64(parent[1]) + b"\x00" + rid
                 txn.delete(pk, db=dbs["pins"])
             txn.delete(self._t + b"\x00" + rid, db=dbs["runs"])
+            self._add_member(txn, "runs", self._t + b"\x00", -1, f"tenant {self.tenant!r}")
             self._event(txn, rid, "deleted", {})
 
         self._write(op)
@@ -284,6 +292,8 @@ class Maintenance(StoreCore):
         def op(txn: Any) -> GcStats:
             dropped = 0
             for key, _ in list(iter_prefix(txn, dbs["runs"], tp)):
+                if key.endswith(HEAD):  # the tenant's run count
+                    continue
                 pfx = prefix(self._t, bytes(key[len(tp):]))
                 rows = self._indexed(txn, pfx, bytes(key[len(tp):]))
                 dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)[0]

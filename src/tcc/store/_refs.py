@@ -138,8 +138,8 @@ def iter_prefix(txn: Any, db: Any, pfx: bytes, start: bytes | None = None) -> It
 
 
 def seal_head(sealer: Sealer, db: str, pfx: bytes, n: int | list[int]) -> bytes:
-    """The sealed head record of the run with key prefix ``pfx`` in ``db``: its
-    snapshot numbers (``snaps``) or its record count (``journal``, ``events``)."""
+    """The sealed head record of the run (or, in ``runs``, tenant) with key prefix
+    ``pfx`` in ``db``: its snapshot numbers (``snaps``) or its record count."""
     return sealer.seal(db.encode(), pfx + HEAD, {"n": n})
 
 
