@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -365,8 +366,8 @@ def _leaves(path: str) -> dict[str, list[tuple[int, list[tuple[bytes, bytes]]]]]
 
     out: dict[str, list[tuple[int, list[tuple[bytes, bytes]]]]] = {}
 
-    def probe(name: str, pgno: int, records: list[tuple[bytes, bytes]]) -> None:
-        out.setdefault(name, []).append((pgno, records))
+    def probe(name: str, pgno: int, records: Iterator[tuple[bytes, bytes]]) -> None:
+        out.setdefault(name, []).append((pgno, list(records)))
 
     check_data_file(os.path.join(path, "data.mdb"), probe=probe)
     return out

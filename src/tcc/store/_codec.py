@@ -123,21 +123,26 @@ def load_or_create_secret(directory: str, create: bool) -> bytes:
 class Sealer:
     """MACs records and chunk contents with the per-store secret."""
 
-    __slots__ = ("_secret",)
+    __slots__ = ("_secret", "_chunk", "_record")
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
+        # keyed states to copy: setting a key up costs more than hashing a small record
+        self._chunk = hashlib.blake2b(key=secret, digest_size=32, person=b"tcc-chunk")
+        self._record = hashlib.blake2b(key=secret, digest_size=_MAC_LEN, person=b"tcc-record")
 
     def chunk_id(self, data: bytes | memoryview) -> bytes:
         """Content address (and MAC) of a chunk: keyed BLAKE2b-256."""
-        return hashlib.blake2b(data, key=self._secret, digest_size=32, person=b"tcc-chunk").digest()
+        h = self._chunk.copy()
+        h.update(data)
+        return h.digest()
 
     def check_tag(self, label: bytes) -> bytes:
         """A MAC proving this secret belongs to this store (kept in ``meta``)."""
         return hashlib.blake2b(label, key=self._secret, digest_size=16, person=b"tcc-check").digest()
 
     def _mac(self, db: bytes, key: bytes, body: bytes) -> bytes:
-        h = hashlib.blake2b(key=self._secret, digest_size=_MAC_LEN, person=b"tcc-record")
+        h = self._record.copy()
         h.update(_U32.pack(len(db)) + db + _U32.pack(len(key)) + key)
         h.update(body)
         return h.digest()

@@ -23,7 +23,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import lmdb
@@ -196,21 +196,25 @@ class _PageProbe:
         self.good = 0
         self.bad: list[tuple[str, int, str]] = []
 
-    def __call__(self, name: str, pgno: int, records: list[tuple[bytes, bytes]]) -> None:
+    def __call__(self, name: str, pgno: int, records: Iterator[tuple[bytes, bytes]]) -> None:
         if name not in _SEALED:
             return None
         db = name.encode()
         verifies = self.sealer.verifies
-        for key, value in records:
+        failed = []
+        for key, value in records:  # the first one decides, on a healthy page
             if verifies(db, key, value):
                 self.good += 1
                 return None
-        key, value = records[0]
+            failed.append((key, value))
+        if not failed:
+            return None
+        key, value = failed[0]
         whose = next((o for o in _SEALED if o != name and verifies(o.encode(), key, value)), None)
         if whose is not None:
             self.bad.append((name, pgno, f"it holds records of database {whose!r}"))
-        elif len(records) > 1:
-            self.bad.append((name, pgno, f"none of its {len(records)} records is one of {name!r}"))
+        elif len(failed) > 1:
+            self.bad.append((name, pgno, f"none of its {len(failed)} records is one of {name!r}"))
         elif len(value) < RECORD_MIN:
             self.bad.append((name, pgno, "its record is not a sealed record"))
         return None

@@ -57,7 +57,7 @@ import stat
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice, repeat
 from operator import gt, lt
@@ -65,7 +65,7 @@ from typing import Any, Final
 
 __all__ = ["CheckReport", "LmdbDamageError", "Probe", "check_data_file"]
 
-Probe = Callable[[str, int, list[tuple[bytes, bytes]]], "str | None"]
+Probe = Callable[[str, int, Iterator[tuple[bytes, bytes]]], "str | None"]
 
 # ---------------------------------------------------------------- mdb.c facts
 _PAGEHDRSZ: Final = 16
@@ -578,13 +578,15 @@ class _Checker:
                 keys: list[bytes]) -> None:
         """Ask the probe whether the leaf's records (inline values only) belong to ``tree``."""
         assert self.probe is not None
-        records = []
-        for q, key in zip(ptrs, keys):
-            lo16, hi16, fl16, ks = _NODE_AT(buf, off + q)
-            if not fl16:
-                dstart = off + q + _NODESIZE + ks
-                records.append((key, buf[dstart:dstart + (lo16 | hi16 << 16)]))
-        why = self.probe(tree.name, pgno, records) if records else None
+
+        def records() -> Iterator[tuple[bytes, bytes]]:  # lazily: a probe usually needs one
+            for q, key in zip(ptrs, keys):
+                lo16, hi16, fl16, ks = _NODE_AT(buf, off + q)
+                if not fl16:
+                    dstart = off + q + _NODESIZE + ks
+                    yield key, buf[dstart:dstart + (lo16 | hi16 << 16)]
+
+        why = self.probe(tree.name, pgno, records())
         if why:
             raise self.fail(pgno, tree, "leaf", why)
 
@@ -817,11 +819,12 @@ def check_data_file(path: str, *, txnid: int | None = None, full: bool = True,
     is bounded by the file's size, memory by its page count; nothing is
     mapped, locked or written.
 
-    ``probe(database, pgno, records)``, in a full check, is called with the
-    ``(key, value)`` pairs of each leaf page of a named database (values held
-    in overflow pages left out) and returns why the page cannot belong to that
-    database, or None: a page of another database written in its place has a
-    valid structure, so only the records themselves can tell.
+    ``probe(database, pgno, records)``, in a full check, is called with an
+    iterator over the ``(key, value)`` pairs of each leaf page of a named
+    database (values held in overflow pages left out; decoded as consumed)
+    and returns why the page cannot belong to that database, or None: a page
+    of another database written in its place has a valid structure, so only
+    the records themselves can tell.
     """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
