@@ -226,9 +226,7 @@ def test_bit_flips_in_inline_snapshot_always_detected(store_path: str) -> None:
 
 def _snap_keys(path: str) -> list[bytes]:
     """Keys of the snapshot records, oldest first (not the runs' snapshot indexes)."""
-    keys: list[bytes] = []
-    _edit(path, b"snaps", lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
-    return [k for k in keys if not k.endswith(HEAD)]
+    return [k for k in _keys(path, b"snaps") if not k.endswith(HEAD)]
 
 
 @pytest.mark.parametrize("header,tail", [
@@ -338,7 +336,7 @@ def test_snapshot_index_damaged_or_missing_is_refused(store_path: str, damage: s
     with open_store(store_path) as s:
         other = s.create_run("e", run_id="o")
         s.checkpoint("o", other.epoch, payload(5, 100))
-    key = next(k for k in _snap_keys_all(store_path) if k.startswith(b"default\x00r\x00") and k.endswith(HEAD))
+    key = next(k for k in _keys(store_path, b"snaps") if k.startswith(b"default\x00r\x00") and k.endswith(HEAD))
     if damage == "moved":
         _move(store_path, key, key[:-1] + b"\xfe")
     else:
@@ -352,12 +350,6 @@ def test_snapshot_index_damaged_or_missing_is_refused(store_path: str, damage: s
         with pytest.raises(StoreCorruptError, match=f"the snapshot index of run 'r' {why}"):
             s.checkpoint("r", 1, payload(9, SIZE))
         assert s.load_snapshot("o") == payload(5, 100)
-
-
-def _snap_keys_all(path: str) -> list[bytes]:
-    keys: list[bytes] = []
-    _edit(path, b"snaps", lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
-    return keys
 
 
 def _leaves(path: str) -> dict[str, list[tuple[int, list[tuple[bytes, bytes]]]]]:
@@ -424,7 +416,7 @@ def test_newest_record_moved_away_is_reported_missing(store_path: str, db: bytes
     with open_store(store_path) as s:
         s.add_event("r", "note", {"i": 1})
         count = len(s.events("r")) if db == b"events" else len(s.journal("r"))
-    keys = [k for k in _snap_keys_all_of(store_path, db) if k.startswith(b"default\x00r\x00")]
+    keys = [k for k in _keys(store_path, db) if k.startswith(b"default\x00r\x00")]
     newest = [k for k in keys if not k.endswith(HEAD)][-1]
     assert int.from_bytes(newest[-8:], "big") == count - 1
     _edit(store_path, db, lambda txn, dbi: txn.put(newest[:-9] + b"\xfe" + newest[-8:],
@@ -455,7 +447,8 @@ def test_missing_count_record_is_reported(store_path: str) -> None:
             s.checkpoint("r", 1, payload(9, SIZE))
 
 
-def _snap_keys_all_of(path: str, db: bytes) -> list[bytes]:
+def _keys(path: str, db: bytes) -> list[bytes]:
+    """Every key of database ``db``, in order (head records included)."""
     keys: list[bytes] = []
     _edit(path, db, lambda txn, dbi: keys.extend(bytes(k) for k, _ in txn.cursor(db=dbi)))
     return keys
