@@ -61,7 +61,7 @@ def _pick_snapshot(store: Store, run_id: str, at: int | None) -> tuple[SnapshotI
     for info in reversed(snaps):
         if info.damaged:
             notes.append(f"snapshot {info.number} fails verification and was skipped: "
-                         "its record does not verify")
+                         "its record does not verify, is missing or is not in the run's index")
             continue
         try:
             return info, store.load_snapshot(run_id, info.number), numbers, notes

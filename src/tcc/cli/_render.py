@@ -170,7 +170,8 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         print(f"  error      {doc['error']}")
     for s in snapshots:
         if s.damaged:
-            print(f"  damaged    snapshot {s.number} fails verification (recovery skips it)")
+            print(f"  damaged    snapshot {s.number} fails verification or its record is missing "
+                  "(recovery skips it)")
     for child in doc["children"]:
         print(f"  child      {child}")
     for w in doc["waits"]:
