@@ -21,7 +21,8 @@ Targets:
   1 ``Sealer.open`` on a body re-MAC'd with the store's own MAC (reaches the
   JSON header and blob table; ``parse_entries`` then reads an ``m`` blob),
   2 ``decode_chunk``, 3 ``decode_inline`` (where it exists), 4
-  ``parse_entries``.  The second byte picks the database name.
+  ``parse_entries``, 5 ``open_head`` (a run's head record: snapshot index or
+  record count) on a re-MAC'd body.  The second byte picks the database name.
 
 A *finding* is any exception other than the documented ones
 (:class:`tcc.RestoreError` from ``tcc.loads``, ``Corrupt`` from the store
@@ -119,6 +120,7 @@ with atheris.instrument_imports(include=["tcc", "cloudpickle"]):
     import tcc
     from tcc.capture import dump_payload, seal
     from tcc.store import _chunks
+    from tcc.store import _refs
     from tcc.store._codec import Corrupt, Sealer, seq_key
 
 TARGETS = ("loads", "resealed", "record")
@@ -136,6 +138,8 @@ SEALER = Sealer(SECRET)
 DBS = (b"runs", b"journal", b"snaps", b"signals", b"events", b"chunks")
 KEY = seq_key(b"tenant", b"run-1", 1)
 _decode_inline: Callable[[bytes, int], bytes] | None = getattr(_chunks, "decode_inline", None)
+_open_head: Callable[..., Any] | None = getattr(_refs, "open_head", None)  # store format 3
+_HEAD: bytes = getattr(_refs, "HEAD", b"")
 
 
 # --------------------------------------------------------------------- sandbox
@@ -333,7 +337,7 @@ def resume(obj: Any) -> None:
 def target_record(data: bytes) -> Any:
     if len(data) < 2:
         return None
-    mode, db, rest = data[0] % 5, DBS[data[1] % len(DBS)], data[2:]
+    mode, db, rest = data[0] % 6, DBS[data[1] % len(DBS)], data[2:]
     if mode == 0:
         return SEALER.open(db, KEY, rest)
     if mode == 1:
@@ -348,6 +352,9 @@ def target_record(data: bytes) -> Any:
         return _chunks.decode_chunk(SEALER, rest[4:36], rest[36:], raw_len)
     if mode == 3 and _decode_inline is not None:
         return _decode_inline(rest[4:], raw_len)
+    if mode == 5 and _open_head is not None:
+        pfx = KEY[:-8]
+        return _open_head(SEALER, db.decode(), pfx, SEALER._mac(db, pfx + _HEAD, rest) + rest)
     return _chunks.parse_entries(rest)
 
 
@@ -403,6 +410,11 @@ def record_seeds() -> dict[str, bytes]:
         out[f"chunk-{n}"] = bytes([2, 5]) + head + addr + stored
         out[f"inline-{n}"] = bytes([3, 5]) + head + stored
     out["entries"] = bytes([4, 2]) + manifest
+    if _open_head is not None:
+        pfx = KEY[:-8]
+        for db, n in ((b"snaps", [1, 4, 5]), (b"journal", 7), (b"runs", 2)):
+            head = _refs.seal_head(SEALER, db.decode(), pfx, n)
+            out[f"head-{db.decode()}"] = bytes([5, DBS.index(db)]) + head[16:]
     return out
 
 
