@@ -1,9 +1,8 @@
 """The checkpoint/interrupt/resume contract, one table row (and one test id) per clause.
 
 Every clause drives the real CLI (`python -m tcc ...`) in subprocesses against a
-private store; the store is only read in-process (journal, signals, snapshots),
-except C7, which cancels runs through the store API because there is no
-`tcc cancel` command yet.  docs/conformance.md lists the same clauses and the
+private store; the store is only read in-process (journal, signals, snapshots).
+docs/conformance.md lists the same clauses and the
 test that enforces each; `test_conformance_doc_lists_every_clause` keeps the two
 in step.
 """
@@ -365,12 +364,10 @@ def c6_completed_run_cannot_complete_twice(tmp: pathlib.Path) -> None:
 
 
 def cancel(cli: Cli, run_id: str) -> int:
-    """Cancel a run through the store API (there is no `tcc cancel` yet); return its epoch."""
-    with store_of(cli) as store:
-        run = store.claim_run(run_id)
-        store.set_status(run_id, run.epoch, "cancelled")
-        store.renew_lease(run_id, run.epoch, 0.0)  # release it: only the status protects it now
-        return run.epoch
+    """Cancel a run with `tcc cancel`; return its new epoch."""
+    doc = json.loads(cli.run("cancel", "--json", run_id, check=True).stdout)
+    assert doc["status"] == "cancelled", doc
+    return int(doc["epoch"])
 
 
 def c7_cancelled_run_stays_cancelled(tmp: pathlib.Path) -> None:

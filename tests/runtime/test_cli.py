@@ -204,3 +204,43 @@ def test_without_native_module_runs_recover_by_replay(tmp_path):
     assert doc["checkpoints"] == 0 and doc["replayed"] >= 1
     assert cli.show("nonative")["strategy"] == "replay"
     assert os.path.exists(ledger)
+
+
+def test_cancel_stops_a_live_owner_and_keeps_the_run_cancelled(tmp_path):
+    """`tcc cancel` fences the process running the run: it stops at its next effect or
+    checkpoint with a clear error and writes nothing more; resume and cancel then say
+    the run is already cancelled (exit 2), and show keeps its history."""
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.3", STEPS="40")
+    owner = cli.popen("run", "--run-id", "c", str(AGENTS / "ledger_agent.py"))
+    deadline = time.monotonic() + 60
+    while not (ledger.exists() and len(ledger.read_text().splitlines()) >= 2):
+        assert time.monotonic() < deadline and owner.poll() is None
+        time.sleep(0.05)
+    doc = json.loads(cli.run("cancel", "--json", "--reason", "changed my mind", "c", check=True).stdout)
+    assert (doc["status"], doc["was"], doc["epoch"]) == ("cancelled", "running", 2)
+    lines, effects = len(ledger.read_text().splitlines()), cli.show("c")["effects"]
+    _, err = owner.communicate(timeout=60)
+    assert owner.returncode == 1, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("tcc: error:")]
+    assert len(errors) == 1 and "was cancelled" in errors[0] and "Traceback" not in err, err
+    # at most the effect already running when it was cancelled ran to the end; none was journalled
+    assert lines <= len(ledger.read_text().splitlines()) <= lines + 1
+    shown = cli.show("c")
+    assert (shown["status"], shown["epoch"], shown["effects"]) == ("cancelled", 2, effects)
+    cancelled = [e for e in shown["events"] if e["kind"] == "cancelled"]
+    assert len(cancelled) == 1 and cancelled[0]["data"]["reason"] == "changed my mind", cancelled
+    for args in (("resume", "c"), ("cancel", "c")):
+        again = cli.run(*args)
+        assert again.returncode == 2 and "already cancelled" in again.stderr, again.stderr
+
+
+def test_cancel_refuses_completed_and_unknown_runs(tmp_path):
+    """A completed run cannot be cancelled (exit 2, unchanged); an unknown id is named."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "done", f"{MISC}:ok", "1", check=True)
+    proc = cli.run("cancel", "done")
+    assert proc.returncode == 2 and "already completed" in proc.stderr, proc.stderr
+    assert cli.show("done")["status"] == "completed"
+    proc = cli.run("cancel", "nope")
+    assert proc.returncode != 0 and "'nope'" in proc.stderr and "Traceback" not in proc.stderr

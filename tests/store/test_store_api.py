@@ -471,3 +471,28 @@ def test_newer_format_is_refused(store_path: str) -> None:
     with pytest.raises(StoreCorruptError, match="format version 4; this tcc reads version 3: upgrade tcc"):
         open_store(store_path)
     assert _format_version(store_path) == 4
+
+
+def test_cancel_run_fences_the_owner_and_is_final(store_path: str) -> None:
+    """cancel_run bumps the epoch: the owner's next commit is refused saying the run was
+    cancelled, and nothing of it is written; a completed or cancelled run is refused."""
+    with open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        s.checkpoint("r", run.epoch, b"one")
+        info = s.cancel_run("r", reason="stop")
+        assert (info.status, info.epoch) == ("cancelled", run.epoch + 1)
+        with pytest.raises(FencedError, match="was cancelled"):
+            s.checkpoint("r", run.epoch, b"two")
+        with pytest.raises(FencedError, match="was cancelled"):
+            s.append_intent("r", run.epoch, "act")
+        assert [i.number for i in s.snapshots("r")] == [1] and s.journal("r") == []
+        with pytest.raises(FencedError, match="already cancelled"):
+            s.cancel_run("r")
+        with pytest.raises(FencedError, match="already cancelled"):
+            s.claim_run("r")
+        assert [e.kind for e in s.events("r")][-1] == "cancelled"
+        done = s.create_run("e", run_id="d")
+        s.set_status("d", done.epoch, "completed", result=b"1")
+        with pytest.raises(FencedError, match="already completed"):
+            s.cancel_run("d")
+        assert s.get_run("d").status == "completed"

@@ -13,7 +13,7 @@ import warnings
 from typing import Any, Sequence
 
 from .. import _version
-from ..errors import TccError, UsageError
+from ..errors import FencedError, TccError, UsageError
 from . import _render
 
 
@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         answer.add_argument("run_id", metavar="RUN_ID")
         answer.add_argument("--comment", default=None, help="recorded with the answer")
         answer.set_defaults(handler=_cmd_answer, approved=approved)
+
+    cancel = sub.add_parser("cancel", help="cancel a run: it is never resumed again; a live owner "
+                            "stops at its next effect or checkpoint")
+    _common(cancel)
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("--reason", default=None, help="recorded in the run's cancelled event")
+    cancel.set_defaults(handler=_cmd_cancel)
 
     fork = sub.add_parser("fork", help="create a new run from a snapshot of RUN_ID (not started)")
     _common(fork)
@@ -224,6 +231,18 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         store.add_event(args.run_id, "approved" if args.approved else "rejected",
                         {"id": wait_id, "comment": args.comment})
         _render.delivered(args.run_id, wait_id, as_json=args.json)
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    with _open(args, create=False) as store:
+        before = store.get_run(args.run_id)
+        try:
+            run = store.cancel_run(args.run_id, reason=args.reason)
+        except FencedError:
+            status = store.get_run(args.run_id).status
+            raise UsageError(f"run {args.run_id} is already {status}; there is nothing to cancel") from None
+        _render.cancelled(run, before, as_json=args.json)
     return 0
 
 

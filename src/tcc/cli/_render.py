@@ -118,6 +118,14 @@ def delivered(run_id: str, wait_id: str, *, as_json: bool) -> None:
         print(f"delivered {wait_id} to run {run_id}")
 
 
+def cancelled(run: Any, before: Any, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"id": run.run_id, "status": run.status, "was": before.status,
+                          "epoch": run.epoch}))
+    else:
+        print(f"cancelled run {run.run_id} (it was {before.status}; epoch {run.epoch})")
+
+
 def pending_waits(store: Any, run_id: str) -> list[dict[str, Any]]:
     from ..runtime import pending_waits as waits
 

@@ -179,6 +179,10 @@ class Store(Protocol):
         """Take ownership of a run, incrementing its epoch (fences the old owner)."""
         ...
 
+    def cancel_run(self, run_id: str, *, reason: str | None = None) -> RunInfo:
+        """Cancel a run that has not completed (epoch + 1: a live owner is fenced)."""
+        ...
+
     def renew_lease(self, run_id: str, epoch: int, lease: float = 30.0) -> RunInfo:
         """Extend this owner's lease."""
         ...

@@ -174,6 +174,11 @@ class StoreCore:
 
     def _fence(self, txn: Any, rid: bytes, epoch: int) -> tuple[dict[str, Any], dict[str, bytes]]:
         hdr, blobs = self._load_run(txn, rid)
+        if hdr["epoch"] != epoch and hdr["status"] == "cancelled":
+            raise FencedError(
+                f"run {rid.decode()!r} in store {self.path} was cancelled (by "
+                f"{hdr['host']}:{hdr['pid']}), so this writer (epoch {epoch}) must stop; "
+                "nothing was written")
         if hdr["epoch"] != epoch:
             raise FencedError(
                 f"run {rid.decode()!r} in store {self.path} is at epoch {hdr['epoch']} "

@@ -130,6 +130,32 @@ class LmdbStore(Maintenance):
 
         return self._write(op)
 
+    def cancel_run(self, run_id: str, *, reason: str | None = None) -> RunInfo:
+        """Cancel a run that has not completed: status ``cancelled``, epoch + 1.
+
+        The epoch bump fences a live owner: its next commit raises
+        FencedError and writes nothing, so the run stops at its next effect
+        or checkpoint.  Resumers, ``tcc run`` and the worker leave a cancelled
+        run alone.  Refused (FencedError) if the run is already completed or
+        cancelled.
+        """
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> RunInfo:
+            hdr, blobs = self._load_run(txn, rid)
+            if hdr["status"] in ("completed", "cancelled"):
+                raise FencedError(f"run {run_id!r} in store {self.path} is already {hdr['status']}")
+            prev = {"epoch": hdr["epoch"], "owner": f"{hdr['host']}:{hdr['pid']}",
+                    "status": hdr["status"]}
+            now = time.time()
+            hdr.update(epoch=hdr["epoch"] + 1, status="cancelled", host=HOST, pid=os.getpid(),
+                       lease=0.0, updated=now)
+            self._put_run(txn, rid, hdr, blobs)
+            self._event(txn, rid, "cancelled", {**prev, "new_epoch": hdr["epoch"], "reason": reason})
+            return self._info(rid, hdr, blobs)
+
+        return self._write(op)
+
     def renew_lease(self, run_id: str, epoch: int, lease: float = 30.0) -> RunInfo:
         """Extend this owner's lease to ``lease`` seconds from now."""
         rid = self._rid(run_id)
