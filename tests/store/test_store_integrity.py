@@ -486,3 +486,23 @@ def test_signal_record_moved_away_is_reported(store_path: str) -> None:
                 read()
         with pytest.raises(StoreCorruptError, match="run 'r' has 0 signals but its count says 1"):
             s.take_signal("r", 1, "go@1")
+
+
+def test_gc_leaves_a_damaged_run_alone_and_says_so(store_path: str) -> None:
+    """gc applies retention to intact runs and skips one whose snapshot index disagrees with
+    its records (deleting there could lose more), with a warning naming the run."""
+    from tcc.store._env import StoreDamageWarning
+
+    _make(store_path, n=3)
+    with open_store(store_path, keep=3) as s:
+        other = s.create_run("e", run_id="o")
+        for i in range(4):
+            s.checkpoint("o", other.epoch, payload(i, SIZE))
+    second = [k for k in _snap_keys(store_path) if k.startswith(b"default\x00r\x00")][1]
+    _move(store_path, second, second[:-11] + b"\xfe" + second[-10:])
+    with open_store(store_path, keep=1) as s:
+        with pytest.warns(StoreDamageWarning, match="snapshot 2 of run 'r' is missing"):
+            stats = s.gc()
+        assert stats.snapshots_deleted == 2  # o's 2 and 3; r is left as it was
+        assert [i.number for i in s.snapshots("o")] == [4]
+        assert [(i.number, i.damaged) for i in s.snapshots("r")] == [(1, False), (2, True), (3, False)]

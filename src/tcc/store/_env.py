@@ -146,6 +146,10 @@ class StoreSecurityWarning(UserWarning):
     """A store's files have permissions that expose snapshots or the secret."""
 
 
+class StoreDamageWarning(UserWarning):
+    """Housekeeping met a damaged run and left it as it is."""
+
+
 class _Retry(Exception):
     """Internal: redo a group batch without the closure that failed."""
 

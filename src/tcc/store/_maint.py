@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import StoreCorruptError, StoreError
 from ._api import Event, GcStats, RunInfo
 from ._codec import Corrupt, check_name, prefix, seq_key, u64
 from ._core import HOST, StoreCore
+from ._env import StoreDamageWarning
 from ._refs import HEAD, apply_diff, iter_prefix, snap_rows, sweep
 
 __all__ = ["Maintenance"]
@@ -289,19 +291,29 @@ class Maintenance(StoreCore):
         dbs = self._dbs
         tp = self._t + b"\x00"
 
+        damaged: list[str] = []
+
         def op(txn: Any) -> GcStats:
             dropped = 0
+            damaged.clear()
             for key, _ in list(iter_prefix(txn, dbs["runs"], tp)):
                 if key.endswith(HEAD):  # the tenant's run count
                     continue
-                pfx = prefix(self._t, bytes(key[len(tp):]))
-                rows = self._indexed(txn, pfx, bytes(key[len(tp):]))
+                rid = bytes(key[len(tp):])
+                pfx = prefix(self._t, rid)
+                try:
+                    rows = self._indexed(txn, pfx, rid)
+                except StoreCorruptError as exc:  # keep all it has: deleting could lose more
+                    damaged.append(str(exc))
+                    continue
                 dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)[0]
             deleted, repaired = sweep(txn, dbs, self._held)
             return GcStats(snapshots_deleted=dropped, chunks_deleted=deleted,
                            refs_repaired=repaired)
 
         stats = self._write(op)
+        for why in damaged:
+            warnings.warn(f"gc left a damaged run as it is: {why}", StoreDamageWarning, stacklevel=2)
         size = self._h.file_size()
         return GcStats(stats.snapshots_deleted, stats.chunks_deleted, stats.refs_repaired,
                        size, size)
