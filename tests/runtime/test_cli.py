@@ -230,6 +230,7 @@ def test_cancel_stops_a_live_owner_and_keeps_the_run_cancelled(tmp_path):
     assert (shown["status"], shown["epoch"], shown["effects"]) == ("cancelled", 2, effects)
     cancelled = [e for e in shown["events"] if e["kind"] == "cancelled"]
     assert len(cancelled) == 1 and cancelled[0]["data"]["reason"] == "changed my mind", cancelled
+    assert shown["events"][-1]["kind"] == "cancelled"  # the owner wrote nothing after it
     for args in (("resume", "c"), ("cancel", "c")):
         again = cli.run(*args)
         assert again.returncode == 2 and "already cancelled" in again.stderr, again.stderr

@@ -496,3 +496,28 @@ def test_cancel_run_fences_the_owner_and_is_final(store_path: str) -> None:
         with pytest.raises(FencedError, match="already completed"):
             s.cancel_run("d")
         assert s.get_run("d").status == "completed"
+
+
+def test_upgrade_waits_for_the_store_to_be_unshared(store_path: str) -> None:
+    """An old store is upgraded only when no other process has it open (an older tcc still
+    running would keep writing records without head records): otherwise a clear error,
+    and the store stays as it was (review finding)."""
+    import fcntl
+
+    with open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        s.checkpoint("r", run.epoch, payload(1, 20_000))
+    _set_format_version(store_path, 2)
+    other = os.open(os.path.join(store_path, "tcc.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_SH)  # as every process with the store open holds it
+        with pytest.raises(StoreError, match="stop the other tcc processes"):
+            open_store(store_path)
+        assert _format_version(store_path) == 2
+    finally:
+        os.close(other)
+    with open_store(store_path) as s:
+        assert s.load_snapshot("r") == payload(1, 20_000)
+    assert _format_version(store_path) == 3
+    with open_store(store_path) as a, open_store(store_path) as b:  # shared again after it
+        assert a.get_run("r") == b.get_run("r")

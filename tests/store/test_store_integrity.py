@@ -459,14 +459,20 @@ def test_run_record_moved_away_is_reported(store_path: str) -> None:
     tenant's sealed run count disagrees, for `list_runs` and for a lookup of that run."""
     with open_store(store_path) as s:
         for rid in ("a", "b"):
-            s.create_run("e", run_id=rid)
+            run = s.create_run("e", run_id=rid)
+            s.checkpoint(rid, run.epoch, payload(1, 100))
     _edit(store_path, b"runs", lambda txn, dbi: txn.put(b"defaulu\x00a", txn.get(b"default\x00a", db=dbi), db=dbi))
     _edit(store_path, b"runs", lambda txn, dbi: txn.delete(b"default\x00a", db=dbi))
     with open_store(store_path) as s:
         with pytest.raises(StoreCorruptError, match="tenant 'default' has 1 runs but its count says 2"):
             s.list_runs()
-        with pytest.raises(StoreCorruptError, match="tenant 'default' has 1 runs but its count says 2"):
+        lost = "the record of run 'a' is missing but its snaps is there"
+        with pytest.raises(StoreCorruptError, match=lost):
             s.get_run("a")
+        with pytest.raises(StoreCorruptError, match=lost):  # a new run may not adopt its records
+            s.create_run("e", run_id="a")
+        with pytest.raises(StoreCorruptError, match=lost):
+            s.fork_run("b", new_run_id="a")
         assert s.get_run("b").run_id == "b"
 
 
@@ -486,6 +492,8 @@ def test_signal_record_moved_away_is_reported(store_path: str) -> None:
                 read()
         with pytest.raises(StoreCorruptError, match="run 'r' has 0 signals but its count says 1"):
             s.take_signal("r", 1, "go@1")
+        with pytest.raises(StoreCorruptError, match="run 'r' has 0 signals but its count says 1"):
+            s.send_signal("r", "go@1", b"again")  # delivered once, ever: not a second time
 
 
 def test_gc_leaves_a_damaged_run_alone_and_says_so(store_path: str) -> None:
@@ -506,3 +514,35 @@ def test_gc_leaves_a_damaged_run_alone_and_says_so(store_path: str) -> None:
         assert stats.snapshots_deleted == 2  # o's 2 and 3; r is left as it was
         assert [i.number for i in s.snapshots("o")] == [4]
         assert [(i.number, i.damaged) for i in s.snapshots("r")] == [(1, False), (2, True), (3, False)]
+
+
+def test_snapshot_lost_below_the_newest_is_recorded_and_dropped(store_path: str) -> None:
+    """A lost OLDER snapshot is no reason to fall back, but it is damage: latest_good_snapshot
+    records it and drops it from the index, so the run can checkpoint again (review finding)."""
+    _make(store_path, n=3)
+    first = _snap_keys(store_path)[0]
+    _move(store_path, first, first[:-11] + b"\xfe" + first[-10:])
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match="snapshot 1 of run 'r' is missing"):
+            s.checkpoint("r", 1, payload(7, SIZE))
+        found = s.latest_good_snapshot("r")
+        assert found is not None and found[0].number == 3
+        events = [(e.kind, e.data.get("number")) for e in s.events("r")][-1:]
+        assert events == [("snapshot_corrupt", 1)]  # and no fell_back: the newest was used
+        assert s.checkpoint("r", 1, payload(7, SIZE)).number == 4
+
+
+def test_lost_count_record_is_not_recreated_silently(store_path: str) -> None:
+    """Adding a run when the tenant's run count is gone (and runs exist) is refused: only
+    damage removes it, and recounting would hide what else went with it (review finding)."""
+    with open_store(store_path) as s:
+        for rid in ("a", "b"):
+            s.create_run("e", run_id=rid)
+    _edit(store_path, b"runs", lambda txn, dbi: txn.delete(b"default\x00" + HEAD, db=dbi))
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match="the run count of tenant 'default' is missing"):
+            s.create_run("e", run_id="c")
+        with pytest.raises(StoreCorruptError, match="the run count of tenant 'default' is missing"):
+            s.delete_run("a")
+        with pytest.raises(StoreCorruptError, match="tenant 'default' has 2 runs but its count says 0"):
+            s.list_runs()

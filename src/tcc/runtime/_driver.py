@@ -400,14 +400,16 @@ class Driver:
             intent = Intent(logged.name, args, kwargs, logged.key, logged.attempt)
             verified = self._run_sync_or_async(effect.verify, (intent,), {}, effect, logged.key, attempt)
             if verified is not None:
-                self.store.add_event(self.run_id, "in_doubt_verified", {"effect": effect.name, "key": logged.key})
+                self.store.add_event(self.run_id, "in_doubt_verified",
+                                     {"effect": effect.name, "key": logged.key}, epoch=self.epoch)
                 seq = self.store.append_intent(
                     self.run_id, self.epoch, effect.name, logged.args,
                     idempotency_key=logged.key, attempt=attempt,
                 )
                 return ("send", verified), self._completion(seq, ("send", verified), 0.0)
         self.store.add_event(
-            self.run_id, "in_doubt_reissued", {"effect": effect.name, "key": logged.key, "attempt": attempt}
+            self.run_id, "in_doubt_reissued", {"effect": effect.name, "key": logged.key, "attempt": attempt},
+            epoch=self.epoch,
         )
         return self._run_attempts(effect, args, kwargs, logged.args, logged.key, attempt)
 
@@ -508,7 +510,8 @@ class Driver:
             if req.timeout is not None:
                 req.deadline = time.time() + req.timeout
             self.store.add_event(self.run_id, "wait", {"id": req.wait_id, "name": req.name,
-                                                        "kind": req.kind, "prompt": req.prompt})
+                                                        "kind": req.kind, "prompt": req.prompt},
+                                 epoch=self.epoch)
         assert req.wait_id is not None and req.intent_seq is not None
         give_up = time.monotonic() + self.wait_seconds
         while True:
@@ -519,7 +522,7 @@ class Driver:
                     value = bool(isinstance(value, dict) and value.get("approved"))
                 outcome = ("send", value)
                 self._record_marker(coro, outcome, req.intent_seq, consume=req.wait_id)
-                self.store.add_event(self.run_id, "wait_satisfied", {"id": req.wait_id})
+                self.store.add_event(self.run_id, "wait_satisfied", {"id": req.wait_id}, epoch=self.epoch)
                 return outcome
             if req.deadline is not None and time.time() >= req.deadline:
                 outcome = ("throw", TimeoutError(f"no signal {req.wait_id!r} within {req.timeout} s"))
@@ -574,7 +577,7 @@ class Driver:
     def _park(self, coro: Any, req: Any, status: str, info: dict[str, Any]) -> None:
         if self.snapshots:
             self._snapshot(coro, ("request", req), None)
-        self.store.add_event(self.run_id, "parked", {"status": status, **info})
+        self.store.add_event(self.run_id, "parked", {"status": status, **info}, epoch=self.epoch)
         self.store.set_status(self.run_id, self.epoch, status)
         raise _Parked(status, info)
 
@@ -600,7 +603,7 @@ class Driver:
     def _caught_up(self, coro: Any, pending: Pending) -> None:
         """Replay served the whole journal tail: snapshot so it is not served again."""
         if self.replayed:
-            self.store.add_event(self.run_id, "replayed", {"calls": self.replayed})
+            self.store.add_event(self.run_id, "replayed", {"calls": self.replayed}, epoch=self.epoch)
             if self.snapshots:
                 self._snapshot(coro, pending, None)
 
@@ -632,7 +635,7 @@ class Driver:
             if self.verify is not None:
                 ok, evidence = self._verify(result)
                 self.store.add_event(self.run_id, "verified" if ok else "verification_failed",
-                                     {"evidence": evidence})
+                                     {"evidence": evidence}, epoch=self.epoch)
                 if not ok:
                     self.store.set_status(self.run_id, self.epoch, "unverified", result=encode_result(result),
                                           error=json.dumps({"type": "verify", "message": evidence}).encode())

@@ -281,8 +281,9 @@ class Store(Protocol):
         """"pending", "consumed" or None (never delivered)."""
         ...
 
-    def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None) -> None:
-        """Append a lifecycle event to the run's audit trail."""
+    def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None, *,
+                  epoch: int | None = None) -> None:
+        """Append a lifecycle event to the run's audit trail (fenced by ``epoch`` if given)."""
         ...
 
     def events(self, run_id: str) -> list[Event]:

@@ -153,7 +153,7 @@ class StoreCore:
         key = self._t + b"\x00" + rid
         raw = txn.get(key, db=self._dbs["runs"])
         if raw is None:
-            self._check_members(txn, "runs", self._t + b"\x00", None, f"tenant {self.tenant!r}")
+            self._check_no_remains(txn, rid)
             raise RunNotFoundError(
                 f"no run {rid.decode()!r} for tenant {self.tenant!r} in store {self.path}")
         seen = self._runs_seen.get(key)
@@ -276,7 +276,8 @@ class StoreCore:
         try:
             n = open_head(self._sealer, db, pfx, raw)
         except Corrupt as exc:
-            raise self._corrupt(what, exc) from None
+            raise StoreCorruptError(f"store {self.path}: {what} failed verification ({exc}); "
+                                    "restore the store from a backup") from None
         self._remember_head(db, key, bytes(raw), n)
         return n
 
@@ -346,11 +347,30 @@ class StoreCore:
                 "a backup")
 
     def _add_member(self, txn: Any, db: str, pfx: bytes, delta: int, whose: str) -> None:
+        """Count a record just added (``delta`` 1) or deleted (-1) under ``pfx``."""
         noun = "run" if db == "runs" else "signal"
         n = self._head(txn, db, pfx, f"the {noun} count of {whose}")
-        if n is None:  # (only damage removes it; the records themselves are all there is)
-            n = self._members(txn, db, pfx) - (delta if delta > 0 else 0)
-        self._put_head(txn, db, pfx, max(0, int(n) + delta))
+        if n is None:  # a first record has no count yet; otherwise damage removed the count
+            if self._members(txn, db, pfx) != delta:
+                raise self._missing(f"the {noun} count of {whose}")
+            n = 0
+        self._put_head(txn, db, pfx, int(n) + delta)
+
+    def _check_no_remains(self, txn: Any, rid: bytes) -> None:
+        """No journal, snapshot or signal of a run without a run record (else damage lost it).
+
+        Cheap: three lookups.  Run creation calls it so that a new run cannot
+        adopt the records of one whose run record damage moved away; lookups
+        of an unknown run call it so that such a run is reported damaged, not
+        unknown.
+        """
+        pfx = prefix(self._t, rid)
+        for db in ("journal", "snaps", "signals"):
+            if txn.get(pfx + HEAD, db=self._dbs[db]) is not None:
+                raise StoreCorruptError(
+                    f"store {self.path}: the record of run {rid.decode()!r} is missing but its "
+                    f"{db} is there (damage lost or moved the run record); restore the store "
+                    "from a backup")
 
     def _check_count(self, txn: Any, db: str, pfx: bytes, rid: bytes, found: int) -> None:
         """``found`` records (0 .. found - 1, gap-free) agree with the run's count record."""

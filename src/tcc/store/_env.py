@@ -269,7 +269,15 @@ class EnvHandle:
             ) from None
         self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._lockfd, fcntl.LOCK_SH)
-        self._open_env()
+        self._downgrade_lock = False  # set while a format upgrade holds the lock exclusively
+        try:
+            self._open_env()
+        except BaseException:  # a refused store: release it, so that a retry here can open it
+            env = getattr(self, "env", None)
+            if env is not None:
+                env.close()
+            os.close(self._lockfd)
+            raise
         if not has_data:
             _fsync_dir(path)  # the secret's and data.mdb's directory entries are durable too
         _warn_if_exposed(path)
@@ -362,6 +370,10 @@ class EnvHandle:
             self.env.close()
             raise StoreCorruptError(f"{path} is an LMDB database but not a tcc store ({exc}); "
                                     "choose another path") from None
+        finally:
+            if self._downgrade_lock:  # an upgrade held the store alone: share it again
+                fcntl.flock(self._lockfd, fcntl.LOCK_SH)
+                self._downgrade_lock = False
         _mark_initialised(path)
 
     def _check_structure(self, txn: Any) -> bool:
@@ -413,9 +425,21 @@ class EnvHandle:
         if hdr.get("magic") != FORMAT["magic"]:
             raise StoreCorruptError(f"{self.path} holds a foreign LMDB database, not a tcc store")
         if hdr.get("version") in _UPGRADABLE:  # everything v1 and v2 wrote, v3 reads the same way
+            # An older tcc still running on the store would keep writing records
+            # without head records: upgrade only with the store to ourselves.
+            try:
+                fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fcntl.flock(self._lockfd, fcntl.LOCK_SH)  # (a failed conversion may drop it)
+                raise StoreError(
+                    f"store {self.path} has format version {hdr.get('version')} and this tcc "
+                    f"upgrades it to version {FORMAT['version']} when it is open in no other "
+                    "process: stop the other tcc processes using it (they may run an older "
+                    "tcc) and try again") from None
             self._index_snapshots(txn)
             hdr["version"] = FORMAT["version"]
             txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
+            self._downgrade_lock = True
         if hdr.get("version") != FORMAT["version"]:
             raise StoreCorruptError(f"store {self.path} has format version {hdr.get('version')}; "
                                     f"this tcc reads version {FORMAT['version']}: upgrade tcc")

@@ -67,6 +67,7 @@ class LmdbStore(Maintenance):
         def op(txn: Any) -> RunInfo:
             if txn.get(self._t + b"\x00" + rid, db=self._dbs["runs"]) is not None:
                 raise StoreError(f"run {rid.decode()!r} already exists in store {self.path}")
+            self._check_no_remains(txn, rid)
             self._put_run(txn, rid, hdr, blobs)
             self._add_member(txn, "runs", self._t + b"\x00", 1, f"tenant {self.tenant!r}")
             self._event(txn, rid, "created", {"entry": entry, "epoch": 1})
@@ -522,7 +523,10 @@ class LmdbStore(Maintenance):
         """The newest snapshot that verifies (None if none does).
 
         Each damaged snapshot skipped is recorded as a ``snapshot_corrupt``
-        event, and a fallback as a ``fell_back`` event.
+        event, and a fallback as a ``fell_back`` event.  Snapshots the run's
+        index lists but the store lost (damage moved or removed their records)
+        are also recorded as ``snapshot_corrupt`` and dropped from the index,
+        so that the run can checkpoint again.
         """
         rid = self._rid(run_id)
         pfx = prefix(self._t, rid)
@@ -547,12 +551,16 @@ class LmdbStore(Maintenance):
                 break
             except StoreCorruptError as exc:
                 bad.append((number, str(exc)))
-        if bad:
+        # an older snapshot lost below the one used is no fallback, but it is damage
+        tried = {number for number, _ in bad}
+        older = [(n, str(self._missing(f"run {run_id!r} snapshot {n}"))) for n in sorted(lost - tried)]
+        if bad or older:
             def note(txn: Any) -> None:
-                for number, why in bad:
+                for number, why in bad + older:
                     self._event(txn, rid, "snapshot_corrupt", {"number": number, "error": why})
-                self._event(txn, rid, "fell_back", {
-                    "from": bad[0][0], "to": found[0].number if found else None})
+                if bad:
+                    self._event(txn, rid, "fell_back", {
+                        "from": bad[0][0], "to": found[0].number if found else None})
                 if lost:  # the index stops naming what damage took, so the run can go on
                     nums = self._index(txn, pfx, rid)
                     present = {r[0] for r in snap_rows(txn, self._dbs["snaps"], pfx)}

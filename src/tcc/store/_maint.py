@@ -36,6 +36,8 @@ class Maintenance(StoreCore):
             self._load_run(txn, rid)
             if txn.get(key, db=self._dbs["signals"]) is not None:
                 return False
+            # never delivered -- unless damage lost its record: then "once, ever" needs the count
+            self._check_members(txn, "signals", prefix(self._t, rid), None, f"run {run_id!r}")
             rec = self._sealer.seal(b"signals", key, {"s": "pending", "t": time.time()},
                                     {"v": bytes(value)})
             txn.put(key, rec, db=self._dbs["signals"])
@@ -158,12 +160,21 @@ class Maintenance(StoreCore):
         return self._read(op)
 
     # ----------------------------------------------------------------- events
-    def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None) -> None:
-        """Append an audit event (``data`` must be JSON-able)."""
+    def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None, *,
+                  epoch: int | None = None) -> None:
+        """Append an audit event (``data`` must be JSON-able).
+
+        With ``epoch`` (the run's owner writing), the event is fenced like every
+        other write of the owner: after a takeover or a cancel it raises
+        FencedError and is not written.
+        """
         rid = self._rid(run_id)
 
         def op(txn: Any) -> None:
-            self._load_run(txn, rid)
+            if epoch is None:
+                self._load_run(txn, rid)
+            else:
+                self._fence(txn, rid, epoch)
             self._event(txn, rid, kind, data)
 
         self._write(op)
@@ -210,6 +221,7 @@ class Maintenance(StoreCore):
             shdr, sblobs = self._load_run(txn, src)
             if txn.get(self._t + b"\x00" + new, db=dbs["runs"]) is not None:
                 raise StoreError(f"run {new.decode()!r} already exists in store {self.path}")
+            self._check_no_remains(txn, new)
             listed = [r[0] for r in self._indexed(txn, sp, src)]
             # (a run killed inside its first effect has no snapshot: num is -1)
             num = number if number is not None else (listed[-1] if listed else -1)
