@@ -139,7 +139,6 @@ DBS = (b"runs", b"journal", b"snaps", b"signals", b"events", b"chunks")
 KEY = seq_key(b"tenant", b"run-1", 1)
 _decode_inline: Callable[[bytes, int], bytes] | None = getattr(_chunks, "decode_inline", None)
 _open_head: Callable[..., Any] | None = getattr(_refs, "open_head", None)  # store format 3
-_HEAD: bytes = getattr(_refs, "HEAD", b"")
 
 
 # --------------------------------------------------------------------- sandbox
@@ -354,7 +353,8 @@ def target_record(data: bytes) -> Any:
         return _decode_inline(rest[4:], raw_len)
     if mode == 5 and _open_head is not None:
         pfx = KEY[:-8]
-        return _open_head(SEALER, db.decode(), pfx, SEALER._mac(db, pfx + _HEAD, rest) + rest)
+        key = _refs.head_key(db.decode(), pfx)
+        return _open_head(SEALER, db.decode(), pfx, SEALER._mac(db, key, rest) + rest)
     return _chunks.parse_entries(rest)
 
 
@@ -412,7 +412,7 @@ def record_seeds() -> dict[str, bytes]:
     out["entries"] = bytes([4, 2]) + manifest
     if _open_head is not None:
         pfx = KEY[:-8]
-        for db, n in ((b"snaps", [1, 4, 5]), (b"journal", 7), (b"runs", 2)):
+        for db, n in ((b"snaps", {"n": [1, 4, 5], "j": 9}), (b"journal", 7), (b"runs", 2)):
             head = _refs.seal_head(SEALER, db.decode(), pfx, n)
             out[f"head-{db.decode()}"] = bytes([5, DBS.index(db)]) + head[16:]
     return out

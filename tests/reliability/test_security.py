@@ -32,7 +32,7 @@ from helpers import Cli
 from tcc.capture import seal
 from tcc.store._chunks import pack_entries
 from tcc.store._codec import Sealer, seq_key
-from tcc.store._refs import HEAD
+from tcc.store._refs import is_head_key
 
 TRIP_AGENT = '''\
 import os
@@ -384,7 +384,8 @@ def forge_newer_snapshot(cli: Cli, marker: pathlib.Path) -> int:
     blob = evil_blob(marker)
     attacker = Sealer(os.urandom(32))  # does not know the store secret
     cid = max(int.from_bytes(k[:8], "big") for k in raw_items(cli.store, "chunks")) + 1
-    newest = max(int.from_bytes(k[-8:], "big") for k in raw_items(cli.store, "snaps") if not k.endswith(HEAD))
+    newest = max(int.from_bytes(k[-8:], "big") for k in raw_items(cli.store, "snaps")
+                 if not is_head_key("snaps", k))
     key = seq_key(b"default", b"r", newest + 1)
     manifest = pack_entries([(cid, attacker.chunk_id(blob), len(blob))])
     record = attacker.seal(b"snaps", key, {"j": 3, "s": len(blob), "t": 0.0, "g": 0}, {"m": manifest})

@@ -13,7 +13,7 @@ from store_helpers import payload, run_python
 import tcc.store
 from tcc.errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError, StoreNotFoundError
 from tcc.store import Completion, LmdbStore, Store, open_store
-from tcc.store._refs import HEAD
+from tcc.store._refs import HEAD, is_head_key
 
 
 def test_public_names_exported_once() -> None:
@@ -337,31 +337,34 @@ def test_store_whose_creator_died_before_the_data_file_is_created_normally(store
     assert os.path.exists(os.path.join(store_path, "initialised"))
 
 
-def test_consumption_whose_journal_record_was_lost_leaves_the_signal_pending(store_path: str) -> None:
-    """A signal consumed by a checkpoint whose completion record is gone (lost write) is pending again.
+def test_consumption_whose_journal_record_was_lost_leaves_the_signal_pending(
+        store_path: str, tmp_path: Path) -> None:
+    """A signal tombstone whose consuming completion record is not in the journal (the
+    signals page came from a later state of the store) reads as pending again.
 
     Consumption and its completion record commit in one transaction, so a
     tombstone without that record means the store lost writes: the run's
     surviving state never saw the signal, which must not be lost with them.
     """
+    import shutil
+
     import lmdb
 
     with open_store(store_path) as s:
         run = s.create_run("e", run_id="r")
         assert s.send_signal("r", "go@1", b'{"approved": true}')
         seq = s.append_intent("r", run.epoch, "wait")
-        count_key = b"default\x00r\x00" + HEAD  # the journal's record count, next to the records
-        old_count = s._read(lambda txn: bytes(txn.get(count_key, db=s._dbs["journal"])))  # type: ignore[attr-defined]
+    later = str(tmp_path / "later")
+    shutil.copytree(store_path, later)
+    with open_store(later) as s:  # the later state: consumed by a checkpoint
         s.checkpoint("r", run.epoch, b"state", completion=Completion(seq, result=b"ok"),
                      consume_signal="go@1")
         assert (s.peek_signal("r", "go@1"), s.signal_state("r", "go@1")) == (None, "consumed")
-        assert s.journal("r")[-1].kind == "completion"
-        lost = s.journal("r")[-1].seq
+        key = b"default\x00r\x00go@1"
+        tomb = s._read(lambda txn: bytes(txn.get(key, db=s._dbs["signals"])))  # type: ignore[attr-defined]
     env = lmdb.open(store_path, max_dbs=16)
-    with env.begin(write=True) as txn:  # the journal leaf as it was before (a lost page write)
-        journal = env.open_db(b"journal", txn=txn)
-        assert txn.delete(b"default\x00r\x00" + lost.to_bytes(8, "big"), db=journal)
-        txn.put(count_key, old_count, db=journal)
+    with env.begin(write=True) as txn:  # that signal record, in the earlier state
+        txn.put(key, tomb, db=env.open_db(b"signals", txn=txn))
     env.close()
     with open_store(store_path) as s:
         assert s.signal_state("r", "go@1") == "pending"
@@ -371,6 +374,31 @@ def test_consumption_whose_journal_record_was_lost_leaves_the_signal_pending(sto
                      consume_signal="go@1")
         assert s.signal_state("r", "go@1") == "consumed"
         assert s.send_signal("r", "go@1", b"{}") is False  # still delivered once, ever
+
+
+def test_journal_shorter_than_its_snapshot_index_is_damage(store_path: str) -> None:
+    """A journal page rolled back to before a checkpoint (a lost write) lost a completion
+    the snapshot index counts: reads and appends are refused, not run again."""
+    import lmdb
+
+    with open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        seq = s.append_intent("r", run.epoch, "act")
+        head = b"default\x00r\x00" + HEAD
+        stale = s._read(lambda txn: bytes(txn.get(head, db=s._dbs["journal"])))  # type: ignore[attr-defined]
+        s.checkpoint("r", run.epoch, b"state", completion=Completion(seq, result=b"ok"))
+    env = lmdb.open(store_path, max_dbs=16)
+    with env.begin(write=True) as txn:  # the journal leaf as it was before the checkpoint
+        journal = env.open_db(b"journal", txn=txn)
+        assert txn.delete(b"default\x00r\x00" + (1).to_bytes(8, "big"), db=journal)
+        txn.put(head, stale, db=journal)
+    env.close()
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match="journal of run 'r' has 1 records but its "
+                           "snapshot index counts 2"):
+            s.journal("r")
+        with pytest.raises(StoreCorruptError, match="snapshot index counts 2"):
+            s.append_intent("r", run.epoch, "act")
 
 
 def test_consumption_without_a_completion_is_final(store_path: str) -> None:
@@ -399,7 +427,7 @@ def _set_format_version(path: str, version: int) -> None:
             for name in (b"snaps", b"journal", b"events", b"signals", b"runs"):
                 db = env.open_db(name, txn=txn)
                 for key in [bytes(k) for k in txn.cursor(db=db).iternext(values=False)]:
-                    if key.endswith(HEAD):
+                    if is_head_key(name.decode(), key):
                         txn.delete(key, db=db)
     env.close()
 

@@ -118,14 +118,14 @@ def test_deferred_releases_keep_counts_exact(tmp_path: object) -> None:
 
 def _chunk_census(s: object) -> tuple[int, int]:
     """(chunks stored, chunks some kept snapshot's manifest references), read from the store."""
-    from tcc.store._refs import HEAD, iter_prefix
+    from tcc.store._refs import is_head_key, iter_prefix
 
     def op(txn: object) -> tuple[int, int]:
         dbs = s._dbs  # type: ignore[attr-defined]
         stored = sum(1 for k, _ in iter_prefix(txn, dbs["chunks"], b"") if k.endswith(b"d"))
         held: set[int] = set()
         for key, value in iter_prefix(txn, dbs["snaps"], b""):
-            if key.endswith(HEAD):  # a run's snapshot index, not a snapshot
+            if is_head_key("snaps", key):  # a run's snapshot index, not a snapshot
                 continue
             held |= s._held.held(txn, dbs, bytes(key), bytes(value)).ids  # type: ignore[attr-defined]
         return stored, len(held)

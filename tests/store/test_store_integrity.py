@@ -13,7 +13,7 @@ from store_helpers import payload
 
 from tcc.errors import StoreCorruptError, StoreError
 from tcc.store._chunks import INLINE_MAX
-from tcc.store._refs import HEAD
+from tcc.store._refs import HEAD, head_key, is_head_key
 from tcc.store import Completion, open_store
 
 
@@ -226,7 +226,7 @@ def test_bit_flips_in_inline_snapshot_always_detected(store_path: str) -> None:
 
 def _snap_keys(path: str) -> list[bytes]:
     """Keys of the snapshot records, oldest first (not the runs' snapshot indexes)."""
-    return [k for k in _keys(path, b"snaps") if not k.endswith(HEAD)]
+    return [k for k in _keys(path, b"snaps") if not is_head_key("snaps", k)]
 
 
 @pytest.mark.parametrize("header,tail", [
@@ -336,7 +336,7 @@ def test_snapshot_index_damaged_or_missing_is_refused(store_path: str, damage: s
     with open_store(store_path) as s:
         other = s.create_run("e", run_id="o")
         s.checkpoint("o", other.epoch, payload(5, 100))
-    key = next(k for k in _keys(store_path, b"snaps") if k.startswith(b"default\x00r\x00") and k.endswith(HEAD))
+    key = head_key("snaps", b"default\x00r\x00")
     if damage == "moved":
         _move(store_path, key, key[:-1] + b"\xfe")
     else:
@@ -347,7 +347,8 @@ def test_snapshot_index_damaged_or_missing_is_refused(store_path: str, damage: s
             s.snapshots("r")
         with pytest.raises(StoreCorruptError, match=f"the snapshot index of run 'r' {why}"):
             s.latest_good_snapshot("r")
-        with pytest.raises(StoreCorruptError, match=f"the snapshot index of run 'r' {why}"):
+        # (a checkpoint may notice first that the index also counted the journal)
+        with pytest.raises(StoreCorruptError, match=rf"the (snapshot index|journal record count) of run 'r' {why}"):
             s.checkpoint("r", 1, payload(9, SIZE))
         assert s.load_snapshot("o") == payload(5, 100)
 
@@ -435,16 +436,30 @@ def test_newest_record_moved_away_is_reported_missing(store_path: str, db: bytes
                 s.events("r")
 
 
-def test_missing_count_record_is_reported(store_path: str) -> None:
-    """A journal whose count record went missing is refused for reading and appending."""
+@pytest.mark.parametrize("where", ["journal head", "snapshot index"])
+def test_missing_count_record_is_reported(store_path: str, where: str) -> None:
+    """The journal length lives in the snapshot index as of the last checkpoint and in a
+    journal head record after it: either one going missing is refused for reading and
+    appending (the other cannot stand in for it)."""
     _make(store_path, n=2)
-    key = b"default\x00r\x00" + HEAD
-    _edit(store_path, b"journal", lambda txn, dbi: txn.delete(key, db=dbi))
     with open_store(store_path) as s:
-        with pytest.raises(StoreCorruptError, match="the journal record count of run 'r' is missing"):
-            s.journal("r")
-        with pytest.raises(StoreCorruptError, match="the journal record count of run 'r' is missing"):
-            s.checkpoint("r", 1, payload(9, SIZE))
+        s.append_intent("r", 1, "step")  # a journal head: one record after the checkpoint
+        records = len(s.journal("r"))
+    db = b"journal" if where == "journal head" else b"snaps"
+    key = head_key(db.decode(), b"default\x00r\x00")
+    _edit(store_path, db, lambda txn, dbi: txn.delete(key, db=dbi))
+    with open_store(store_path) as s:
+        if where == "journal head":  # the index says one record fewer than there are
+            with pytest.raises(StoreCorruptError, match=rf"run 'r' has {records} journal records "
+                               rf"but its count says {records - 1}"):
+                s.journal("r")
+            with pytest.raises(StoreCorruptError, match="but its count says"):
+                s.checkpoint("r", 1, payload(9, SIZE))
+        else:
+            with pytest.raises(StoreCorruptError, match="the snapshot index of run 'r' is missing"):
+                s.snapshots("r")
+            with pytest.raises(StoreCorruptError, match="the snapshot index of run 'r' is missing"):
+                s.checkpoint("r", 1, payload(9, SIZE))
 
 
 def _keys(path: str, db: bytes) -> list[bytes]:
@@ -544,5 +559,5 @@ def test_lost_count_record_is_not_recreated_silently(store_path: str) -> None:
             s.create_run("e", run_id="c")
         with pytest.raises(StoreCorruptError, match="the run count of tenant 'default' is missing"):
             s.delete_run("a")
-        with pytest.raises(StoreCorruptError, match="tenant 'default' has 2 runs but its count says 0"):
+        with pytest.raises(StoreCorruptError, match="the run count of tenant 'default' is missing"):
             s.list_runs()

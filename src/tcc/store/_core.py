@@ -23,6 +23,7 @@ from ._env import acquire
 from ._refs import (
     FLUSH_RELEASES,
     HEAD,
+    head_key,
     HeldCache,
     SnapRow,
     apply_diff,
@@ -213,6 +214,7 @@ class StoreCore:
         new_held: set[int],
         stored_form: Callable[[int], bytes | None],
         seal: Callable[[bytes], SnapRow] | None = None,
+        jlen: int | None = None,
     ) -> tuple[int, SnapRow | None, frozenset[int]]:
         """Add snapshot ``new_number`` (if any), drop snapshots past retention, fix refcounts.
 
@@ -257,16 +259,18 @@ class StoreCore:
         if row is not None:
             txn.put(row[1], row[2], db=dbs["snaps"])
         if row is not None or dropped:
-            self._put_index(txn, pfx, [r[0] for r in kept] + ([row[0]] if row is not None else []))
+            rid = pfx[pfx.index(b"\x00") + 1:-1]
+            self._put_index(txn, pfx, rid, [r[0] for r in kept] + ([row[0]] if row is not None else []),
+                            jlen)
         return len(dropped), row, deferred
 
     # ------------------------------------------------- head records of a run
-    # Under prefix + HEAD: in ``snaps`` the list of the run's snapshot numbers,
+    # Under head_key(): in ``snaps`` the list of the run's snapshot numbers,
     # in ``journal`` and ``events`` how many records the run has.  Each is
     # sealed and rewritten in every transaction that changes what it states.
     def _head(self, txn: Any, db: str, pfx: bytes, what: str) -> Any:
         """The verified ``n`` of the run's head record in ``db`` (None: no record)."""
-        key = pfx + HEAD
+        key = head_key(db, pfx)
         raw = txn.get(key, db=self._dbs[db])
         if raw is None:
             return None
@@ -288,18 +292,37 @@ class StoreCore:
         self._heads_seen[db.encode() + key] = (raw, n)
 
     def _put_head(self, txn: Any, db: str, pfx: bytes, n: Any) -> None:
-        key = pfx + HEAD
+        key = head_key(db, pfx)
         raw = seal_head(self._sealer, db, pfx, n)
         txn.put(key, raw, db=self._dbs[db])
         self._remember_head(db, key, raw, n)
+
+    def _index_record(self, txn: Any, pfx: bytes, rid: bytes) -> dict[str, Any] | None:
+        idx: dict[str, Any] | None = self._head(
+            txn, "snaps", pfx, f"the snapshot index of run {rid.decode()!r}")
+        return idx
 
     def _index(self, txn: Any, pfx: bytes, rid: bytes) -> list[int] | None:
         """The snapshot numbers the run's index lists (None: no index record).
 
         Raises StoreCorruptError if the index fails verification.
         """
-        nums = self._head(txn, "snaps", pfx, f"the snapshot index of run {rid.decode()!r}")
-        return None if nums is None else list(nums)
+        idx = self._index_record(txn, pfx, rid)
+        return None if idx is None else list(idx["n"])
+
+    def _journal_len(self, txn: Any, pfx: bytes, rid: bytes) -> int | None:
+        """How many journal records the run has: its journal head (written between
+        checkpoints), else what its snapshot index says (None: neither exists)."""
+        n = self._head(txn, "journal", pfx, f"the journal record count of run {rid.decode()!r}")
+        idx = self._index_record(txn, pfx, rid)
+        if n is None:
+            return None if idx is None else int(idx["j"])
+        if idx is not None and int(n) < int(idx["j"]):  # a head is only written after it
+            raise StoreCorruptError(
+                f"store {self.path}: the journal of run {rid.decode()!r} has {n} records but its "
+                f"snapshot index counts {idx['j']} (damage rolled the journal back); restore the "
+                "store from a backup")
+        return int(n)
 
     def _next_seq(self, txn: Any, db: str, pfx: bytes, rid: bytes) -> int:
         """The sequence number of the run's next ``db`` record (journal or events).
@@ -310,49 +333,46 @@ class StoreCore:
         stays visible to :meth:`events`.
         """
         last = last_seq(txn, self._dbs[db], pfx) + 1
-        what = "journal record" if db == "journal" else "event"
-        n = self._head(txn, db, pfx, f"the {what} count of run {rid.decode()!r}")
-        if n is None:
-            if last and db == "journal":
-                raise self._missing(f"the journal record count of run {rid.decode()!r}")
+        if db == "journal":
+            self._check_tally(txn, db, pfx, last, f"run {rid.decode()!r}")
             return last
-        if n != last and db == "journal":
-            raise self._count_mismatch(db, rid, int(n), last)
-        return max(int(n), last)
+        n = self._head(txn, db, pfx, f"the event count of run {rid.decode()!r}")
+        return last if n is None else max(int(n), last)
 
-    def _count_mismatch(self, db: str, rid: bytes, n: int, found: int) -> StoreCorruptError:
-        what = "journal record" if db == "journal" else "event"
-        if n > found:
-            return self._missing(f"{what} {found} of run {rid.decode()!r}")
-        return StoreCorruptError(
-            f"store {self.path}: run {rid.decode()!r} has {found} {what}s but its count says {n} "
-            "(damage moved records or rolled the count back); restore the store from a backup")
+    # Every journal, events and signals range of a run, and the runs of a
+    # tenant (head under tenant + NUL), has a sealed count record.  Journal and
+    # event records are numbered 0, 1, ... (holes are checked where they are
+    # read); signals and runs are a set.
+    _NOUNS = {"journal": "journal record", "events": "event", "signals": "signal", "runs": "run"}
 
-    # Runs of a tenant (head under tenant + NUL) and signals of a run have no
-    # sequence numbers, only a count.  Checked where a record is found missing
-    # and where all are listed; adding trusts the count (it is sealed).
     def _members(self, txn: Any, db: str, pfx: bytes) -> int:
         return sum(1 for k, _ in iter_prefix(txn, self._dbs[db], pfx) if not k.endswith(HEAD))
 
-    def _check_members(self, txn: Any, db: str, pfx: bytes, found: int | None, whose: str) -> None:
-        """``found`` records under ``pfx`` (None: count them) agree with its count record."""
-        noun = "run" if db == "runs" else "signal"
-        n = self._head(txn, db, pfx, f"the {noun} count of {whose}")
+    def _check_tally(self, txn: Any, db: str, pfx: bytes, found: int | None, whose: str) -> None:
+        """The ``found`` records under ``pfx`` (None: count them) agree with their count."""
+        noun = self._NOUNS[db]
+        if db == "journal":
+            n = self._journal_len(txn, pfx, pfx[pfx.index(b"\x00") + 1:-1])
+        else:
+            n = self._head(txn, db, pfx, f"the {noun} count of {whose}")
         if found is None:
             found = self._members(txn, db, pfx)
-        if (n or 0) != found:
+        if n is None:
+            if found:
+                raise self._missing(f"the {noun} count of {whose}")
+        elif n > found and db in ("journal", "events"):  # the newest leave no hole when they go
+            raise self._missing(f"{noun} {found} of {whose}")
+        elif n != found:
             raise StoreCorruptError(
-                f"store {self.path}: {whose} has {found} {noun}s but its count says {n or 0} "
-                f"(damage moved, lost or rolled back a {noun} record); restore the store from "
-                "a backup")
+                f"store {self.path}: {whose} has {found} {noun}s but its count says {n} (damage "
+                f"moved, lost or rolled back a {noun} record); restore the store from a backup")
 
     def _add_member(self, txn: Any, db: str, pfx: bytes, delta: int, whose: str) -> None:
-        """Count a record just added (``delta`` 1) or deleted (-1) under ``pfx``."""
-        noun = "run" if db == "runs" else "signal"
-        n = self._head(txn, db, pfx, f"the {noun} count of {whose}")
+        """Count a signal or run record just added (``delta`` 1) or deleted (-1) under ``pfx``."""
+        n = self._head(txn, db, pfx, f"the {self._NOUNS[db]} count of {whose}")
         if n is None:  # a first record has no count yet; otherwise damage removed the count
             if self._members(txn, db, pfx) != delta:
-                raise self._missing(f"the {noun} count of {whose}")
+                raise self._missing(f"the {self._NOUNS[db]} count of {whose}")
             n = 0
         self._put_head(txn, db, pfx, int(n) + delta)
 
@@ -366,21 +386,11 @@ class StoreCore:
         """
         pfx = prefix(self._t, rid)
         for db in ("journal", "snaps", "signals"):
-            if txn.get(pfx + HEAD, db=self._dbs[db]) is not None:
+            if txn.get(head_key(db, pfx), db=self._dbs[db]) is not None:
                 raise StoreCorruptError(
                     f"store {self.path}: the record of run {rid.decode()!r} is missing but its "
                     f"{db} is there (damage lost or moved the run record); restore the store "
                     "from a backup")
-
-    def _check_count(self, txn: Any, db: str, pfx: bytes, rid: bytes, found: int) -> None:
-        """``found`` records (0 .. found - 1, gap-free) agree with the run's count record."""
-        what = "journal record" if db == "journal" else "event"
-        n = self._head(txn, db, pfx, f"the {what} count of run {rid.decode()!r}")
-        if n is None:
-            if found:
-                raise self._missing(f"the {what} count of run {rid.decode()!r}")
-        elif n != found:
-            raise self._count_mismatch(db, rid, int(n), found)
 
     def _indexed(self, txn: Any, pfx: bytes, rid: bytes) -> list[SnapRow]:
         """The run's snapshot rows, oldest first, checked against its index.
@@ -403,11 +413,15 @@ class StoreCore:
             raise self._missing(f"snapshot {lost[0]} of run {rid.decode()!r}")
         return rows
 
-    def _put_index(self, txn: Any, pfx: bytes, numbers: list[int]) -> None:
-        if numbers:
-            self._put_head(txn, "snaps", pfx, sorted(numbers))
-        else:
-            txn.delete(pfx + HEAD, db=self._dbs["snaps"])
+    def _put_index(self, txn: Any, pfx: bytes, rid: bytes, numbers: list[int],
+                   jlen: int | None = None) -> None:
+        """Write the run's index: ``numbers`` and the journal length ``jlen`` (None:
+        keep the one it has).  A checkpoint passes ``jlen`` after deleting the
+        journal head (see ``_refs``)."""
+        if jlen is None:
+            idx = self._index_record(txn, pfx, rid)
+            jlen = int(idx["j"]) if idx is not None else 0
+        self._put_head(txn, "snaps", pfx, {"n": sorted(numbers), "j": jlen})
 
     def _pinned(self, txn: Any, pfx: bytes) -> set[int]:
         return {int.from_bytes(k[len(pfx):len(pfx) + 8], "big")

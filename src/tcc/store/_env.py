@@ -31,7 +31,7 @@ import lmdb
 from ..errors import StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError
 from ._codec import RECORD_MIN, SECRET_NAME, Corrupt, Sealer, load_or_create_secret
 from ._lmdbcheck import LmdbDamageError, check_data_file
-from ._refs import HEAD, seal_head
+from ._refs import head_key, is_head_key, seal_head
 
 __all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
 
@@ -39,7 +39,7 @@ T = TypeVar("T")
 DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins")
 # Version 2 added inline payloads and pending-release lists to snapshot
 # records (see _chunks and _refs); version 3 per-run head records: the list
-# of snapshot numbers and the journal and event counts (_refs.HEAD).  Older
+# of snapshot numbers and the journal and event counts (_refs.head_key).  Older
 # stores are upgraded on open.
 FORMAT = {"magic": "tcc-store", "version": 3}
 _UPGRADABLE = (1, 2)
@@ -448,27 +448,39 @@ class EnvHandle:
                                     "restore the original secret file")
 
     def _index_snapshots(self, txn: Any) -> None:
-        """Write the head records (the upgrade to format 3): per run the list of
-        its snapshot numbers and its journal, event and signal counts; per
-        tenant its run count."""
+        """Write the head records (the upgrade to format 3): per run the index of
+        its snapshot numbers with its journal length (a journal head instead
+        if it has no snapshot), its event and signal counts; per tenant its
+        run count."""
+        heads: dict[str, dict[bytes, list[int]]] = {}
         for db in ("snaps", "journal", "events", "signals", "runs"):
-            heads: dict[bytes, list[int]] = {}
+            found = heads[db] = {}
             with txn.cursor(db=self.dbs[db]) as cur:
                 for key in cur.iternext(values=False):
                     key = bytes(key)
-                    if key.endswith(HEAD):
+                    if is_head_key(db, key):
                         continue
                     if db in ("signals", "runs"):  # counted: runs per tenant, signals per run
                         cut = key.index(b"\x00") + 1
                         if db == "signals":
                             cut = key.index(b"\x00", cut) + 1
-                        heads.setdefault(key[:cut], []).append(0)
+                        found.setdefault(key[:cut], []).append(0)
                     else:
-                        heads.setdefault(key[:-8], []).append(int.from_bytes(key[-8:], "big"))
-            for pfx, seqs in heads.items():
-                n: int | list[int] = (sorted(seqs) if db == "snaps" else len(seqs)
-                                      if db in ("signals", "runs") else max(seqs) + 1)
-                txn.put(pfx + HEAD, seal_head(self.sealer, db, pfx, n), db=self.dbs[db])
+                        found.setdefault(key[:-8], []).append(int.from_bytes(key[-8:], "big"))
+
+        def put(db: str, pfx: bytes, n: Any) -> None:
+            txn.put(head_key(db, pfx), seal_head(self.sealer, db, pfx, n), db=self.dbs[db])
+
+        journals = {pfx: max(seqs) + 1 for pfx, seqs in heads["journal"].items()}
+        for pfx, numbers in heads["snaps"].items():
+            put("snaps", pfx, {"n": sorted(numbers), "j": journals.pop(pfx, 0)})
+        for pfx, jlen in journals.items():  # runs without a snapshot yet
+            put("journal", pfx, jlen)
+        for pfx, seqs in heads["events"].items():
+            put("events", pfx, max(seqs) + 1)
+        for db in ("signals", "runs"):
+            for pfx, members in heads[db].items():
+                put(db, pfx, len(members))
 
     # ------------------------------------------------------------------ guards
     def check(self) -> None:

@@ -93,7 +93,7 @@ class LmdbStore(Maintenance):
                 info = self._info(key[len(pfx):], *self._load_run(txn, key[len(pfx):]))
                 if status is None or info.status == status:
                     out.append(info)
-            self._check_members(txn, "runs", pfx, found, f"tenant {self.tenant!r}")
+            self._check_tally(txn, "runs", pfx, found, f"tenant {self.tenant!r}")
             return out
 
         return self._read(op)
@@ -198,20 +198,23 @@ class LmdbStore(Maintenance):
 
     # ---------------------------------------------------------------- journal
     def _put_journal(self, txn: Any, rid: bytes, seq: int, hdr: dict[str, Any],
-                     blobs: dict[str, bytes]) -> None:
-        """Append record ``seq`` (from :meth:`_next_seq`) and count it."""
+                     blobs: dict[str, bytes], count: bool = True) -> None:
+        """Append record ``seq`` (from :meth:`_next_seq`) and count it in the journal
+        head (``count``; a checkpoint counts it in the snapshot index instead)."""
         key = seq_key(self._t, rid, seq)
         txn.put(key, self._sealer.seal(b"journal", key, hdr, blobs), db=self._dbs["journal"])
-        self._put_head(txn, "journal", key[:-8], seq + 1)
+        if count:
+            self._put_head(txn, "journal", key[:-8], seq + 1)
 
-    def _completion(self, txn: Any, rid: bytes, seq: int, c: Completion, now: float) -> None:
+    def _completion(self, txn: Any, rid: bytes, seq: int, c: Completion, now: float,
+                    count: bool = True) -> None:
         blobs = {}
         if c.result is not None:
             blobs["r"] = bytes(c.result)
         if c.error is not None:
             blobs["e"] = bytes(c.error)
         self._put_journal(txn, rid, seq, {"k": "c", "t": now, "i": c.intent_seq,
-                                          "d": c.duration}, blobs)
+                                          "d": c.duration}, blobs, count)
 
     def append_intent(
         self,
@@ -292,13 +295,9 @@ class LmdbStore(Maintenance):
                     out.append(JournalRecord(seq, "completion", h["t"], intent_seq=h["i"],
                                              result=b.get("r"), error=b.get("e"), duration=h["d"]))
             # the newest records leave no gap when they go: the count says how many there are
-            pfx, end = first[:-8], max(0, start) + len(out)
-            n = self._head(txn, "journal", pfx, f"the journal record count of run {run_id!r}")
-            if n is None:
-                if last_seq(txn, self._dbs["journal"], pfx) >= 0:
-                    raise self._missing(f"the journal record count of run {run_id!r}")
-            elif end != n and (out or max(0, start) < n):
-                raise self._count_mismatch("journal", rid, n, end)
+            pfx = first[:-8]
+            end = max(0, start) + len(out) if out else last_seq(txn, self._dbs["journal"], pfx) + 1
+            self._check_tally(txn, "journal", pfx, end, f"run {run_id!r}")
             return out
 
         return self._read(op)
@@ -365,8 +364,11 @@ class LmdbStore(Maintenance):
             if consume_signal is not None:  # recorded by the completion at jlen, if any
                 self._consume_or_fence(txn, run_id, rid, consume_signal, epoch,
                                        jlen if completion is not None else None)
+            # the index counts the journal from here on: drop the journal head first, so
+            # that the completion is appended at the end of its page (see _refs)
+            txn.delete(pfx + HEAD, db=dbs["journal"])
             if completion is not None:
-                self._completion(txn, rid, jlen, completion, now)
+                self._completion(txn, rid, jlen, completion, now, count=False)
                 jlen += 1
             rows = self._indexed(txn, pfx, rid)
             number = rows[-1][0] + 1 if rows else 1
@@ -378,7 +380,8 @@ class LmdbStore(Maintenance):
                     return number, key, sealer.seal(
                         b"snaps", key, {"j": jlen, "s": size, "t": now, "g": 0}, blobs)
 
-                _, row, pending = self._retain(txn, pfx, rows, number, set(), lambda _c: None, seal)
+                _, row, pending = self._retain(txn, pfx, rows, number, set(), lambda _c: None, seal,
+                                               jlen)
             else:
                 row, pending = self._put_chunks(txn, pfx, rows, number, key, prev_tag, prev_map, ordered,
                                        encoded, memo, ids, {"j": jlen, "s": size, "t": now})
@@ -470,7 +473,8 @@ class LmdbStore(Maintenance):
             blobs = {"m": pack_entries(top), "r": pending} if pending else {"m": pack_entries(top)}
             return number, key, sealer.seal(b"snaps", key, {**hdr, "g": depth}, blobs)
 
-        _, row, pending = self._retain(txn, pfx, rows, number, set(ids.values()), stored_form, seal)
+        _, row, pending = self._retain(txn, pfx, rows, number, set(ids.values()), stored_form, seal,
+                                       hdr["j"])
         return row, pending
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:
@@ -565,7 +569,7 @@ class LmdbStore(Maintenance):
                     nums = self._index(txn, pfx, rid)
                     present = {r[0] for r in snap_rows(txn, self._dbs["snaps"], pfx)}
                     if nums is not None:
-                        self._put_index(txn, pfx, [n for n in nums if n in present])
+                        self._put_index(txn, pfx, rid, [n for n in nums if n in present])
             self._write(note)
         return found
 

@@ -37,7 +37,7 @@ class Maintenance(StoreCore):
             if txn.get(key, db=self._dbs["signals"]) is not None:
                 return False
             # never delivered -- unless damage lost its record: then "once, ever" needs the count
-            self._check_members(txn, "signals", prefix(self._t, rid), None, f"run {run_id!r}")
+            self._check_tally(txn, "signals", prefix(self._t, rid), None, f"run {run_id!r}")
             rec = self._sealer.seal(b"signals", key, {"s": "pending", "t": time.time()},
                                     {"v": bytes(value)})
             txn.put(key, rec, db=self._dbs["signals"])
@@ -101,7 +101,7 @@ class Maintenance(StoreCore):
         """The verified (header, blobs) of a signal record, or None if never sent."""
         raw = txn.get(key, db=self._dbs["signals"])
         if raw is None:  # never sent -- unless damage moved or lost its record
-            self._check_members(txn, "signals", key[:len(key) - len(name)], None, f"run {run_id!r}")
+            self._check_tally(txn, "signals", key[:len(key) - len(name)], None, f"run {run_id!r}")
             return None
         try:
             opened: tuple[Any, Any] = self._sealer.open(b"signals", key, raw)
@@ -154,7 +154,7 @@ class Maintenance(StoreCore):
                     raise self._corrupt(f"a signal of run {run_id!r}", exc) from None
                 if hdr["s"] == "pending" or self._orphaned(txn, bytes(key), hdr):
                     out.append(key[len(pfx):].decode())
-            self._check_members(txn, "signals", pfx, found, f"run {run_id!r}")
+            self._check_tally(txn, "signals", pfx, found, f"run {run_id!r}")
             return out
 
         return self._read(op)
@@ -197,7 +197,7 @@ class Maintenance(StoreCore):
                 except Corrupt as exc:
                     raise self._corrupt(f"an event of run {run_id!r}", exc) from None
                 out.append(Event(run_id, int.from_bytes(key[-8:], "big"), hdr["k"], hdr["t"], hdr["d"]))
-            self._check_count(txn, "events", pfx, rid, len(out))  # the newest leave no gap
+            self._check_tally(txn, "events", pfx, len(out), f"run {run_id!r}")
             return out
 
         return self._read(op)
@@ -245,15 +245,13 @@ class Maintenance(StoreCore):
                     raise self._corrupt(f"journal record {seq} of run {run_id!r}", exc) from None
                 nk = seq_key(self._t, new, seq)
                 txn.put(nk, sealer.seal(b"journal", nk, jh, jb), db=dbs["journal"])
-            if hdr["j"]:
-                self._put_head(txn, "journal", np_, hdr["j"])
             nkey = seq_key(self._t, new, 1)
             # the source's pending releases are its own: the fork holds only the manifest
             nval = sealer.seal(b"snaps", nkey, hdr, {k: v for k, v in blobs.items() if k != "r"})
             held = set(self._held.held(txn, dbs, skey, sval).ids)
             apply_diff(txn, dbs, set(), held, lambda _cid: None)
             txn.put(nkey, nval, db=dbs["snaps"])
-            self._put_index(txn, np_, [1])
+            self._put_index(txn, np_, new, [1], hdr["j"])
             txn.put(sp + u64(num) + b"\x00" + new, b"", db=dbs["pins"])
             now = time.time()
             rhdr = {"entry": shdr["entry"], "strategy": shdr["strategy"], "status": "running",

@@ -39,14 +39,19 @@ needs; :func:`sweep` recomputes every count from the manifests and repairs
 such leaks.
 
 Each run with snapshots also has an *index* record in ``snaps``, under its
-prefix plus :data:`HEAD` (it sorts after the run's snapshot records, so it
-shares their leaf page): the sorted list of the run's snapshot numbers,
+prefix plus :data:`INDEX` (it sorts before the run's snapshot records, on the
+page where each commit deletes the oldest one): the sorted list of the run's snapshot numbers,
 sealed like every record.  A snapshot record that damage moved to another key
 (or removed) would otherwise vanish without a trace; the index names it, and
 every commit that adds or drops a snapshot rewrites it in the same
-transaction.  The journal and events databases keep the same kind of head
-record holding the run's record count, so losing the newest records (which
-leaves no gap) is detected too.
+transaction.  The index also holds the journal length as of the run's last
+checkpoint; between checkpoints (intents, completions without a snapshot) a
+journal head record holds it instead, and the next checkpoint deletes that
+record again, before appending, so that journal records are always appended
+at the end of their page (a record sorting after them would make LMDB split
+pages in the middle: half-full pages and more bytes per step).  The events,
+signals and runs databases keep the same kind of head record holding a
+count, so losing the newest records (which leaves no gap) is detected too.
 """
 
 from __future__ import annotations
@@ -63,10 +68,13 @@ __all__ = [
     "FLUSH_RELEASES",
     "Held",
     "HEAD",
+    "INDEX",
     "HeldCache",
     "SnapRow",
     "apply_diff",
     "data_key",
+    "head_key",
+    "is_head_key",
     "iter_prefix",
     "next_chunk_id",
     "open_head",
@@ -81,9 +89,27 @@ _ID = struct.Struct("<Q")
 FLUSH_RELEASES = 128
 
 SnapRow = tuple[int, bytes, bytes]  # (number, key, sealed value)
-# Key suffix of a run's snapshot index.  A snapshot key is prefix + u64 and a
-# prefix ends in NUL, so no snapshot key ends with this.
+# Key suffix of a run's head record in the journal, events and signals (and of
+# a tenant's run count in runs): it sorts after every record under the prefix.
+# A sequenced key is prefix + u64 and a prefix ends in NUL, so none ends with it.
 HEAD = b"\xff" * 10
+# Key suffix of a run's snapshot index: it sorts BEFORE the run's snapshot
+# records (prefix + u64(n), n >= 1).  Each commit deletes the oldest record,
+# on the first page of the run's range, so the index shares that page, and the
+# newest record is appended at the end (see the module docstring).
+INDEX = b"\x00"
+
+
+def head_key(db: str, pfx: bytes) -> bytes:
+    """Key of the head record of the run (tenant, in ``runs``) with prefix ``pfx``."""
+    return pfx + (INDEX if db == "snaps" else HEAD)
+
+
+def is_head_key(db: str, key: bytes) -> bool:
+    """Whether ``key`` of database ``db`` is a head record rather than a record."""
+    if db != "snaps":
+        return key.endswith(HEAD)
+    return key.endswith(INDEX) and len(key) - key.index(b"\x00", key.index(b"\x00") + 1) == 2
 
 
 def data_key(cid: int) -> bytes:
@@ -137,20 +163,22 @@ def iter_prefix(txn: Any, db: Any, pfx: bytes, start: bytes | None = None) -> It
         yield key, value
 
 
-def seal_head(sealer: Sealer, db: str, pfx: bytes, n: int | list[int]) -> bytes:
+def seal_head(sealer: Sealer, db: str, pfx: bytes, n: Any) -> bytes:
     """The sealed head record of the run (or, in ``runs``, tenant) with key prefix
-    ``pfx`` in ``db``: its snapshot numbers (``snaps``) or its record count."""
-    return sealer.seal(db.encode(), pfx + HEAD, {"n": n})
+    ``pfx`` in ``db``: in ``snaps`` ``{"n": snapshot numbers, "j": journal
+    length}``, elsewhere a record count."""
+    return sealer.seal(db.encode(), head_key(db, pfx), {"n": n})
 
 
-def open_head(sealer: Sealer, db: str, pfx: bytes, value: bytes | memoryview) -> int | list[int]:
+def open_head(sealer: Sealer, db: str, pfx: bytes, value: bytes | memoryview) -> Any:
     """What a head record states (Corrupt if it does not verify or is malformed)."""
-    hdr, _ = sealer.open(db.encode(), pfx + HEAD, value)
+    hdr, _ = sealer.open(db.encode(), head_key(db, pfx), value)
     n = hdr.get("n")
     if db == "snaps":
-        if (isinstance(n, list) and all(type(x) is int and x >= 1 for x in n)
-                and n == sorted(set(n))):
-            return n
+        nums, jlen = (n.get("n"), n.get("j")) if isinstance(n, dict) else (None, None)
+        if (isinstance(nums, list) and all(type(x) is int and x >= 1 for x in nums)
+                and nums == sorted(set(nums)) and type(jlen) is int and jlen >= 0):
+            return {"n": nums, "j": jlen}
     elif type(n) is int and n >= 0:
         return n
     raise Corrupt(f"the {db} head record is malformed")
@@ -302,7 +330,7 @@ def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
     per_run: dict[bytes, set[int]] = {}
     newest: dict[bytes, Held] = {}
     for key, value in iter_prefix(txn, dbs["snaps"], b""):
-        if key.endswith(HEAD):
+        if is_head_key("snaps", key):
             continue
         run = bytes(key[:-8])
         held = cache.held(txn, dbs, key, value)
