@@ -561,3 +561,21 @@ def test_lost_count_record_is_not_recreated_silently(store_path: str) -> None:
             s.delete_run("a")
         with pytest.raises(StoreCorruptError, match="the run count of tenant 'default' is missing"):
             s.list_runs()
+
+
+@pytest.mark.parametrize("name", [b"runs", b"snaps"])
+def test_renamed_database_is_refused_not_recreated_empty(store_path: str, name: bytes) -> None:
+    """Regression (found by the slow corruption campaign, mutants #392 and #1876): one flipped
+    bit in a database's NAME (in LMDB's main database) made `tcc ls` list no runs, or `tcc
+    show` no snapshots, without an error: opening the store created a new, empty database
+    under the old name.  A formatted store must have exactly its databases."""
+    _make(store_path, n=2)
+    renamed = name[:-1] + bytes([name[-1] ^ 0x02])
+    mdb = Path(store_path) / "data.mdb"
+    data = mdb.read_bytes()
+    assert data.count(name) >= 1
+    mdb.write_bytes(data.replace(name, renamed))  # every copy (both meta snapshots' main leaves)
+    with pytest.raises(StoreCorruptError, match=rf"database\(s\) \['{name.decode()}'\] are missing "
+                       rf"and \['{renamed.decode()}'\] are unknown"):
+        open_store(store_path)
+    assert mdb.read_bytes() == data.replace(name, renamed)  # nothing was created or written

@@ -359,6 +359,7 @@ class EnvHandle:
             for _attempt in range(8):
                 try:
                     with self.env.begin(write=True) as txn:
+                        self._check_databases(txn)
                         for name in DBS:
                             self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
                         self._check_format(txn)
@@ -405,6 +406,20 @@ class EnvHandle:
                 "Restore the store from a backup; `tcc gc --compact` on a copy may salvage "
                 "what is intact") from None
         return True
+
+    def _check_databases(self, txn: Any) -> None:
+        """A formatted store has exactly its named databases: flipped bits in a name
+        would otherwise make LMDB create a new, empty database in its place."""
+        names = {bytes(k) for k in txn.cursor().iternext(values=False)}
+        if b"meta" not in names:
+            return  # a new store (or a foreign file, refused after this)
+        missing = sorted(n for n in DBS if n.encode() not in names)
+        unknown = sorted(names - {n.encode() for n in DBS})
+        if missing or unknown:
+            raise StoreCorruptError(
+                f"store {self.path}: data.mdb is damaged: database(s) {missing} are missing"
+                + (f" and {[u.decode('ascii', 'replace') for u in unknown]} are unknown" if unknown else "")
+                + " (damage renamed or lost them); restore the store from a backup")
 
     def _check_format(self, txn: Any) -> None:
         import json
