@@ -579,3 +579,23 @@ def test_renamed_database_is_refused_not_recreated_empty(store_path: str, name: 
                        rf"and \['{renamed.decode()}'\] are unknown"):
         open_store(store_path)
     assert mdb.read_bytes() == data.replace(name, renamed)  # nothing was created or written
+
+
+def test_meta_txnid_that_looks_newer_is_refused(store_path: str) -> None:
+    """Regression (found by the slow corruption campaign, mutant #672): a flipped bit in the
+    older meta page's txnid made it look newer, so LMDB opened the previous transaction's
+    snapshot -- consistent in itself, so `tcc show` silently lost the run's last event.  The
+    two meta pages of a committed file hold consecutive txnids."""
+    import struct
+
+    _make(store_path, n=2)
+    mdb = Path(store_path) / "data.mdb"
+    data = bytearray(mdb.read_bytes())
+    at = 16 + 128  # mm_txnid: page header, magic/version/address/mapsize, two MDB_db records, last_pg
+    t0, t1 = struct.unpack_from("<Q", data, at)[0], struct.unpack_from("<Q", data, 4096 + at)[0]
+    assert abs(t0 - t1) == 1
+    older = 0 if t0 < t1 else 4096
+    data[older + at + 1] ^= 0x10  # + 4096: even, so it stays in its slot
+    mdb.write_bytes(bytes(data))
+    with pytest.raises(StoreCorruptError, match="which are not consecutive"):
+        open_store(store_path)

@@ -250,7 +250,7 @@ class _Checker:
             i = j
 
     # ------------------------------------------------------------ meta pages
-    def choose_meta(self, txnid: int | None) -> _Meta:
+    def choose_meta(self, txnid: int | None, attempts: int = 5) -> _Meta:
         """Pick the meta page LMDB would use (or the one with ``txnid``)."""
         head = os.pread(self.fd, _META.size, 0)
         if len(head) < _META.size:
@@ -290,6 +290,18 @@ class _Checker:
             raise self.fail(meta.index, None, "meta", f"txnid {meta.txnid} is stored in meta "
                             f"page {meta.index}, but txnid T belongs in meta page T % 2: LMDB "
                             "would read the other meta page's snapshot")
+        # Every commit writes its txnid into meta page txnid % 2, so the two hold
+        # consecutive txnids (both 0 before the first commit).  A damaged txnid
+        # that looks newer makes LMDB open an older snapshot, consistent in itself.
+        if len(valid) == 2 and abs(valid[0].txnid - valid[1].txnid) != 1 and (
+                valid[0].txnid or valid[1].txnid):
+            if attempts > 1:  # a writer committed twice between our two reads: look again
+                time.sleep(0.001)
+                return self.choose_meta(txnid, attempts - 1)
+            raise self.fail(max(valid, key=lambda m: m.txnid).index, None, "meta",
+                            f"the meta pages hold txnids {valid[0].txnid} and {valid[1].txnid}, "
+                            "which are not consecutive: one is damaged, and LMDB would open "
+                            "the wrong snapshot")
         return meta
 
     def check_meta(self, meta: _Meta) -> None:
