@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 from helpers import AGENTS, Cli
@@ -111,3 +112,100 @@ def test_run_with_wait_option_picks_up_a_signal_in_process(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert json.loads(out)["result"] == ["did prepare", True, "did deploy"]
+
+
+def _until(cond, what: str, proc, limit: float = 60) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert proc.poll() is None, f"owner exited before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _assert_stopped_by_cancel(cli: Cli, proc, run_id: str, doing: str) -> None:
+    doc = json.loads(cli.run("cancel", "--json", run_id, check=True).stdout)
+    assert doc["status"] == "cancelled"
+    # far sooner than the 300 s the run would otherwise wait or sleep in-process
+    try:
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # do not leave it running if the assertion fails
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("tcc: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert f"run {run_id} was cancelled while this process" in errors[0], errors
+    assert doing in errors[0] and "nothing more was written" in errors[0], errors
+    shown = cli.show(run_id)
+    assert shown["status"] == "cancelled"
+    assert shown["events"][-1]["kind"] == "cancelled", shown["events"]  # no write after it
+
+
+def test_cancel_stops_an_owner_waiting_in_process(tmp_path):
+    """A run polling for its approval in-process (--wait) notices `tcc cancel` while it waits,
+    exits 1 saying so, and writes nothing after the cancel (it used to wait out --wait)."""
+    cli = Cli(tmp_path)
+    proc = cli.popen("run", "--json", "--wait", "300", "--run-id", "wc", f"{WAIT}:gated")
+    _until(lambda: cli.run("show", "--json", "wc").returncode == 0
+           and any(e["kind"] == "wait" for e in cli.show("wc")["events"]),
+           "the wait to start", proc)
+    _assert_stopped_by_cancel(cli, proc, "wc", "waited for 'approval@1'")
+
+
+def test_cancel_stops_an_owner_sleeping_in_process(tmp_path):
+    """A durable sleep short enough to sleep in-process is cut short by `tcc cancel`."""
+    cli = Cli(tmp_path, TCC_SLEEP_INLINE="1000")
+    proc = cli.popen("run", "--json", "--run-id", "sc", f"{WAIT}:sleeper", "300")
+    _until(lambda: cli.run("show", "--json", "sc").returncode == 0
+           and cli.show("sc")["effects"] >= 1, "the first effect", proc)
+    time.sleep(0.5)  # into the sleep
+    _assert_stopped_by_cancel(cli, proc, "sc", "slept until")
+
+
+def _terminate(proc) -> tuple[str, str]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=60)  # far sooner than the 300 s wait or sleep
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_sigterm_parks_a_run_waiting_in_process(tmp_path):
+    """SIGTERM during an in-process wait (--wait) parks the run as waiting at once (it used
+    to be ignored until the wait ended); approve + resume then finish it."""
+    cli = Cli(tmp_path)
+    proc = cli.popen("run", "--json", "--wait", "300", "--run-id", "wt", f"{WAIT}:gated")
+    _until(lambda: cli.run("show", "--json", "wt").returncode == 0
+           and any(e["kind"] == "wait" for e in cli.show("wt")["events"]),
+           "the wait to start", proc)
+    out, err = _terminate(proc)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["status"] == "waiting"
+    assert cli.show("wt")["status"] == "waiting"
+    cli.run("approve", "wt", check=True)
+    done = json.loads(cli.run("resume", "--json", "wt", check=True).stdout)
+    assert done["status"] == "completed"
+    assert done["result"] == ["did prepare", True, "did deploy"]
+
+
+def test_sigterm_parks_a_run_sleeping_in_process(tmp_path):
+    """SIGTERM during an in-process durable sleep parks the run as sleeping, with its wake-up
+    time kept, instead of sleeping on."""
+    cli = Cli(tmp_path, TCC_SLEEP_INLINE="1000")
+    proc = cli.popen("run", "--json", "--run-id", "st", f"{WAIT}:sleeper", "300")
+    _until(lambda: cli.run("show", "--json", "st").returncode == 0
+           and cli.show("st")["effects"] >= 1, "the first effect", proc)
+    time.sleep(0.5)  # into the sleep
+    out, err = _terminate(proc)
+    assert proc.returncode == 0, err
+    doc = json.loads(out)
+    assert doc["status"] == "sleeping", doc
+    shown = cli.show("st")
+    assert shown["status"] == "sleeping" and shown["effects"] == 1
+    plain = Cli(tmp_path)  # the same store, default in-process sleep limit (5 s)
+    again = json.loads(plain.run("resume", "--json", "st", check=True).stdout)
+    assert again["status"] == "sleeping"  # not due yet: parks again, "after" never ran
+    assert cli.show("st")["effects"] == 1

@@ -528,8 +528,9 @@ class Driver:
                 outcome = ("throw", TimeoutError(f"no signal {req.wait_id!r} within {req.timeout} s"))
                 self._record_marker(coro, outcome, req.intent_seq)
                 return outcome
-            if time.monotonic() >= give_up:
+            if time.monotonic() >= give_up or STOP.is_set():  # SIGTERM: park, resumable
                 break
+            self._check_owner(f"waited for {req.wait_id!r}")
             time.sleep(0.1)
         info = {"id": req.wait_id, "name": req.name, "kind": req.kind, "prompt": req.prompt,
                 "deadline": req.deadline}
@@ -546,8 +547,12 @@ class Driver:
         remaining = req.until - time.time()
         if remaining > self.sleep_inline:
             self._park(coro, req, "sleeping", {"until": req.until})
-        if remaining > 0:
-            time.sleep(remaining)
+        while remaining > 0:  # in slices: a cancel or SIGTERM is noticed during the sleep
+            if STOP.is_set():
+                self._park(coro, req, "sleeping", {"until": req.until})
+            time.sleep(min(remaining, 0.5))
+            self._check_owner(f"slept until {req.until}")
+            remaining = req.until - time.time()
         outcome = ("send", None)
         self._record_marker(coro, outcome, req.intent_seq)
         return outcome
@@ -661,6 +666,20 @@ class Driver:
         if value is False:
             return False, "verify() returned False"
         return True, "verify() passed" if value in (True, None) else f"verify() returned {value!r}"
+
+    def _check_owner(self, doing: str) -> None:
+        """Raise FencedError if the run was cancelled or taken over (a read: no write)."""
+        run = self.store.get_run(self.run_id)
+        if run.epoch == self.epoch:
+            return
+        if run.status == "cancelled":
+            why = "was cancelled"
+        else:
+            why = (f"was taken over (now epoch {run.epoch}, owner "
+                   f"{run.owner_host}:{run.owner_pid})")
+        raise errors.FencedError(
+            f"run {self.run_id} {why} while this process (epoch {self.epoch}) {doing}, so "
+            "it stops here; nothing more was written")
 
     def _heartbeat(self) -> None:
         while not self._stop_heartbeat.wait(self.lease / 3):
