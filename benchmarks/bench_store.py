@@ -9,6 +9,8 @@ Two ways to run it:
   p50/p99 latencies and ratios to the floor, plus bytes written per step for
   a growing transcript (+1 KiB per step) at 100, 1,000 and 5,000 steps next to
   the raw floor (committing just the new 1 KiB into a fresh LMDB key).
+  Latencies are also shown against a second floor that MACs the payload
+  (keyed BLAKE2b) before the same put+commit, as the store must.
   ``--json FILE`` also writes the raw figures.
 
 Workloads.  *small delta*: each commit changes 64 bytes at a random place
@@ -22,6 +24,7 @@ exactly the pages a commit writes.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pickle
@@ -85,6 +88,29 @@ class Raw:
         self.env.close()
 
 
+class RawAuth(Raw):
+    """A second floor: the same put+commit, plus a keyed BLAKE2b of the bytes stored with them.
+
+    The store must MAC everything it stores (``docs/store.md``); this floor
+    pays that once over the payload, and nothing else (no chunking, no
+    compression, no journal, no head records).  It shows how much of the
+    store's cost over the raw floor is authentication that any store meeting
+    the integrity requirement pays.
+    """
+
+    def __init__(self, path: str, sync: bool) -> None:
+        super().__init__(path, sync)
+        self.key = hashlib.blake2b(key=os.urandom(32), digest_size=32)
+
+    def commit(self, data: bytes, fresh_key: bool = False) -> None:
+        h = self.key.copy()
+        h.update(data)
+        tag = h.digest()
+        with self.env.begin(write=True) as txn:
+            self.n += 1
+            txn.put(b"%012d" % self.n if fresh_key else b"snapshot", tag + data)
+
+
 def _store(path: str, mode: str) -> tuple[LmdbStore, str]:
     s = open_store(path, durability=mode)
     return s, s.create_run("bench").run_id
@@ -146,7 +172,10 @@ def latency_table(rounds: int, others: dict[str, Any] | None = None,
             gen = mutations(size, fresh)
             payloads = [next(gen) for _ in range(n + 5)]
             with tempfile.TemporaryDirectory() as d:
-                raws = {sync: Raw(os.path.join(d, f"raw{sync}"), sync) for sync in (True, False)}
+                raws: dict[Any, Raw] = {
+                    sync: Raw(os.path.join(d, f"raw{sync}"), sync) for sync in (True, False)}
+                raws.update({("auth", sync): RawAuth(os.path.join(d, f"auth{sync}"), sync)
+                             for sync in (True, False)})
                 subjects = {}
                 for label, opener in stores.items():
                     for mode in modes:
@@ -169,6 +198,7 @@ def latency_table(rounds: int, others: dict[str, Any] | None = None,
             lat = {k: v[5:] for k, v in lat.items()}  # warm-up rounds
             for (label, mode) in subjects:
                 xs, floor = lat[label, mode], lat[mode != "none"]
+                auth = lat["auth", mode != "none"]
                 rows.append({
                     "size": size_name, "workload": "all new" if fresh else "small delta",
                     "mode": mode, "store": label,
@@ -177,6 +207,8 @@ def latency_table(rounds: int, others: dict[str, Any] | None = None,
                     "floor_p50_ms": _pct(floor, .5) * 1e3, "floor_p99_ms": _pct(floor, .99) * 1e3,
                     "ratio_p50": _pct(xs, .5) / _pct(floor, .5),
                     "ratio_p99": _pct(xs, .99) / _pct(floor, .99),
+                    "auth_floor_p50_ms": _pct(auth, .5) * 1e3,
+                    "ratio_auth_p50": _pct(xs, .5) / _pct(auth, .5),
                 })
     return rows
 
@@ -274,11 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         others["other"] = importlib.import_module(f"{args.compare_with}.store").open_store
     lat = latency_table(args.rounds, others, modes)
     print(f"{'size':>7} {'workload':>11} {'mode':>6} {'store':>6} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'floor':>10} {'fl p50':>8} {'fl p99':>8} {'x p50':>6} {'x p99':>6}")
+          f"{'floor':>10} {'fl p50':>8} {'fl p99':>8} {'x p50':>6} {'x p99':>6} "
+          f"{'auth p50':>8} {'x auth':>6}")
     for r in lat:
         print(f"{r['size']:>7} {r['workload']:>11} {r['mode']:>6} {r['store']:>6} "
               f"{r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['floor']:>10} {r['floor_p50_ms']:8.3f} "
-              f"{r['floor_p99_ms']:8.3f} {r['ratio_p50']:6.2f} {r['ratio_p99']:6.2f}")
+              f"{r['floor_p99_ms']:8.3f} {r['ratio_p50']:6.2f} {r['ratio_p99']:6.2f} "
+              f"{r['auth_floor_p50_ms']:8.3f} {r['ratio_auth_p50']:6.2f}")
+    print("(x: vs the raw floor; x auth: vs the raw floor plus a keyed BLAKE2b of the payload)")
     thr: dict[str, float] = {}
     if not args.no_throughput:
         thr = group_throughput()
