@@ -47,3 +47,26 @@ def test_verify_passes_or_leaves_the_run_unverified(tmp_path):
     assert shown["status"] == "unverified" and shown["result"] == "did bad"
     assert "failed the check" in shown["error"]
     assert any(e["kind"] == "verification_failed" for e in shown["events"])
+
+
+def test_worker_resumes_a_parent_once_its_waiting_child_finished(tmp_path):
+    """A parent parked on a child that waits for an approval says which child to look at; once
+    the child is approved and finished (by the worker), the worker resumes the parent too
+    (review finding: the parent stayed waiting for ever, and `tcc run` told the user to send
+    a signal named None)."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--run-id", "pg", f"{WAIT}:parent_of_gated", check=True)
+    child = cli.show("pg")["children"][0]
+    assert f"waiting for child run {child} (waiting)" in proc.stdout, proc.stdout
+    assert "None" not in proc.stdout
+    idle = cli.run("worker", "--once", check=True)  # nothing is due yet
+    assert "resuming" not in idle.stderr, idle.stderr
+    cli.run("approve", child, check=True)
+    first = cli.run("worker", "--once", check=True)
+    assert f"resuming {child} (signal arrived)" in first.stderr, first.stderr
+    assert cli.show(child)["status"] == "completed"
+    second = cli.run("worker", "--once", check=True)
+    assert "resuming pg (child finished)" in second.stderr, second.stderr
+    parent = cli.show("pg")
+    assert parent["status"] == "completed"
+    assert parent["result"] == ["did child 3 True", "did parent end"]

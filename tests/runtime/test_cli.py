@@ -245,3 +245,81 @@ def test_cancel_refuses_completed_and_unknown_runs(tmp_path):
     assert cli.show("done")["status"] == "completed"
     proc = cli.run("cancel", "nope")
     assert proc.returncode != 0 and "'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_arguments_are_refused_before_a_run_is_stored(tmp_path):
+    """Arguments the entry cannot take, or a generator entry, are usage errors (exit 2) before
+    anything is stored (review finding: they were internal errors after the run record was
+    created, leaving a run `running` for ever)."""
+    cli = Cli(tmp_path)
+    script = tmp_path / "a.py"
+    script.write_text("async def main(n='1'):\n    return int(n)\n\n"
+                      "async def agen():\n    yield 1\n\n"
+                      "def gen():\n    yield 1\n")
+    cli.run("run", "--run-id", "ok", str(script), "2", check=True)  # creates the store
+    for args, needle in (
+        (("run", str(script), "1", "2", "--json"), "cannot be called with the arguments"),
+        (("run", f"{script}:agen"), "is a generator function"),
+        (("run", f"{script}:gen"), "is a generator function"),
+    ):
+        proc = cli.run(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert needle in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+        assert "note:" not in proc.stderr, proc.stderr  # no misleading "plain function" note
+    assert "options go before SCRIPT" in cli.run("run", str(script), "1", "--json").stderr
+    assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["ok"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("run", "--run-id", "bad/id", f"{MISC}:ok"), "invalid run id 'bad/id'"),
+    (("show", "bad/id"), "invalid run id 'bad/id'"),
+    (("ls", "--tenant", "bad tenant"), "invalid tenant 'bad tenant'"),
+    (("run", "--checkpoint-every", "0", f"{MISC}:ok"), "--checkpoint-every must be at least 1"),
+    (("run", "--lease", "-5", f"{MISC}:ok"), "--lease must be more than 0"),
+    (("worker", "--poll", "-1"), "--poll must be more than 0"),
+    (("worker", "--concurrency", "0"), "--concurrency must be at least 1"),
+    (("run", "--run-id", "", f"{MISC}:ok"), "a run id cannot be empty"),
+])
+def test_bad_names_and_numbers_are_usage_errors(tmp_path, args, needle):
+    """Bad ids, tenants and option values: one line, exit 2, no store created (review
+    finding: several were "internal error ... please report it")."""
+    cli = Cli(tmp_path / "fresh")
+    proc = cli.run(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+    assert not cli.store.exists()
+
+
+def test_durability_from_the_environment_is_checked(tmp_path):
+    """An unknown $TCC_DURABILITY is a usage error naming the variable."""
+    proc = Cli(tmp_path, TCC_DURABILITY="fast").run("ls")
+    assert proc.returncode == 2 and "TCC_DURABILITY='fast'" in proc.stderr, proc.stderr
+
+
+def test_top_level_debug_flag_is_honoured(tmp_path):
+    """`tcc --debug COMMAND` shows the traceback, like `tcc COMMAND --debug` (review finding:
+    the subcommand's own default switched it off)."""
+    cli = Cli(tmp_path)
+    cli.run("run", f"{MISC}:ok", check=True)
+    for args in (("--debug", "show", "nope"), ("show", "--debug", "nope")):
+        proc = cli.run(*args)
+        assert "Traceback" in proc.stderr and "RunNotFoundError" in proc.stderr, proc.stderr
+    assert "Traceback" not in cli.run("show", "nope").stderr
+
+
+def test_signals_and_answers_to_runs_that_cannot_read_them(tmp_path):
+    """A signal to a completed or cancelled run is refused (exit 2); approving an unknown run
+    says it does not exist (exit 1, like every other command)."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "done", f"{MISC}:ok", check=True)
+    proc = cli.run("signal", "done", "note", "--value", "1")
+    assert proc.returncode == 2 and "already completed" in proc.stderr, proc.stderr
+    proc = cli.run("approve", "nosuch")
+    assert proc.returncode == 1 and "no run 'nosuch'" in proc.stderr, proc.stderr
+
+
+def test_missing_store_message_names_the_cli_remedy(tmp_path):
+    """`tcc ls` where nothing has run yet says so, and how to point at a store."""
+    proc = Cli(tmp_path / "none").run("ls")
+    assert proc.returncode == 1, proc.stderr
+    assert "nothing was stored there yet" in proc.stderr and "--store" in proc.stderr

@@ -136,3 +136,31 @@ def test_worker_logs_why_a_resume_failed(tmp_path):
     failed = [ln for ln in proc.stderr.splitlines() if "run edited exited with" in ln]
     assert failed and "exited with 0" not in failed[0], proc.stderr
     assert "tcc: error:" in failed[0] and "changed" in failed[0], failed
+
+
+def test_worker_backs_off_a_run_whose_resume_keeps_failing(tmp_path):
+    """A run whose resume fails is not resumed again at the next poll, but after a delay that
+    doubles with each failure (review finding: a run that could not start was taken over,
+    its epoch raised, at every poll, for ever)."""
+    from tcc.runtime import Worker
+    from tcc.store import open_store
+
+    logs: list[str] = []
+    with open_store(str(tmp_path / "store")) as store:
+        run = store.create_run("agent.py:main", b"[]", lease=0.001)
+        time.sleep(0.05)  # the owner's lease has expired: the run is due for a takeover
+        failing = [sys.executable, "-c", "import sys; sys.exit(2)"]  # a resume that fails
+        worker = Worker(store, poll=0.01, command=failing, log=logs.append)
+        assert worker.tick() == 1
+        worker.children[run.run_id].wait()
+        assert worker.tick() == 0 and worker.tick() == 0  # reaped, backed off: not restarted
+        failed = [m for m in logs if "exited with 2" in m]
+        assert len(failed) == 1 and "failure 1 in a row; next try in 1 s" in failed[0], logs
+        deadline = time.monotonic() + 30
+        while worker.tick() == 0:  # due again after the delay
+            assert time.monotonic() < deadline, logs
+            time.sleep(0.1)
+        worker.children[run.run_id].wait()
+        worker.tick()
+        assert "failure 2 in a row; next try in 2 s" in [m for m in logs if "exited" in m][-1]
+        assert store.get_run(run.run_id).epoch == 1  # the failed resumes took nothing over

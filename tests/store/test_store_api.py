@@ -549,3 +549,27 @@ def test_upgrade_waits_for_the_store_to_be_unshared(store_path: str) -> None:
     assert _format_version(store_path) == 3
     with open_store(store_path) as a, open_store(store_path) as b:  # shared again after it
         assert a.get_run("r") == b.get_run("r")
+
+
+def test_read_only_store_directory_is_a_clear_error(tmp_path, monkeypatch):
+    """A store whose lock file cannot be opened for writing (a read-only file system) is a
+    StoreError naming the store and the remedy, not a bare OSError (review finding)."""
+    import errno
+
+    import tcc.store._env as env_mod
+    from tcc.errors import StoreError
+
+    path = str(tmp_path / "s")
+    open_store(path).close()
+    real_open = os.open
+
+    def read_only(file, flags, *args, **kwargs):
+        if str(file).endswith("tcc.lock"):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(env_mod.os, "open", read_only)
+    with pytest.raises(StoreError, match=r"cannot open its lock file 'tcc.lock' for writing "
+                                         r"\(Read-only file system\)") as info:
+        open_store(path)
+    assert path in str(info.value)

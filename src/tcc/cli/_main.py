@@ -7,6 +7,7 @@ traceback only with ``--debug``), 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import warnings
@@ -24,7 +25,33 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--durability", choices=("sync", "group", "none"),
                         default=os.environ.get("TCC_DURABILITY", "sync"),
                         help="commit durability (default: sync, or $TCC_DURABILITY); see README")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    # SUPPRESS: absent here, the top-level `tcc --debug COMMAND` value stands
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks on errors")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Usage errors in option values, before any store is opened or created."""
+    durability = getattr(args, "durability", "sync")
+    if durability not in ("sync", "group", "none"):  # only $TCC_DURABILITY can get here
+        raise UsageError(f"TCC_DURABILITY={durability!r} is not one of sync, group, none")
+    for name, least, strict in (("checkpoint_every", 1, False), ("lease", 0, True),
+                                ("wait", 0, False), ("poll", 0, True), ("concurrency", 1, False)):
+        value = getattr(args, name, None)
+        if value is not None and (value <= least if strict else value < least):
+            flag = "--" + name.replace("_", "-")
+            bound = f"more than {least}" if strict else f"at least {least}"
+            raise UsageError(f"{flag} must be {bound}, not {value}")
+    from ..store._codec import check_name
+
+    for name in ("run_id", "new_run_id"):
+        value = getattr(args, name, None)
+        if value == "":
+            raise UsageError("a run id cannot be empty")
+        if value is not None:
+            check_name("run id", value)  # UsageError naming it
+    if hasattr(args, "tenant"):
+        check_name("tenant", args.tenant)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,7 +144,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("ls", help="list runs")
     _common(ls)
-    ls.add_argument("--status", help="only runs with this status")
+    ls.add_argument("--status", help="only runs with this status",
+                    choices=("running", "waiting", "sleeping", "completed", "unverified", "failed",
+                             "cancelled"))
     ls.set_defaults(handler=_cmd_ls)
 
     show = sub.add_parser("show", help="show one run: status, result, effects, checkpoints, events")
@@ -165,13 +194,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         strategy, notice = runtime._runs.effective_strategy(args.strategy)
         from ..runtime import _scripts
 
-        if runtime._runs.is_sync(_scripts.resolve(runtime._runs._entry(args.script))):
+        entry = runtime._runs._entry(args.script)
+        func = _scripts.resolve(entry)
+        runtime._runs.check_call(func, args.args, entry)  # before the note and the store
+        if runtime._runs.is_sync(func):
             strategy, notice = "replay", runtime._runs.SYNC_NOTICE
         if notice:
             print(f"tcc: note: {notice}", file=sys.stderr)
         every = args.checkpoint_every or (10 if strategy == "hybrid" else 1)
-        if every < 1:
-            raise UsageError("--checkpoint-every must be at least 1")
         outcome = runtime.start(
             store, args.script, args.args, run_id=args.run_id, strategy=strategy,
             checkpoint_every=every, lease=args.lease,
@@ -208,7 +238,9 @@ def _cmd_signal(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     with _open(args, create=False) as store:
-        store.get_run(args.run_id)
+        run = store.get_run(args.run_id)
+        if run.status in ("completed", "cancelled"):  # nothing will ever read it
+            raise UsageError(f"run {args.run_id} is already {run.status}; a signal would never be read")
         for n in range(1, 100_000):
             wait_id = f"{args.name}@{n}"
             if store.send_signal(args.run_id, wait_id, args.value.encode()):
@@ -221,6 +253,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     import json
 
     with _open(args, create=False) as store:
+        store.get_run(args.run_id)  # an unknown run is reported as such (exit 1)
         pending = [w for w in _render.pending_waits(store, args.run_id) if w.get("kind") == "approval"]
         if not pending:
             raise UsageError(f"run {args.run_id} has no pending approval")
@@ -305,7 +338,9 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     with _open(args, create=False) as store:
         stats = store.gc()
         if args.compact:
-            stats = store.compact()
+            sizes = store.compact()  # byte sizes only: keep what gc deleted
+            stats = dataclasses.replace(stats, bytes_before=sizes.bytes_before,
+                                        bytes_after=sizes.bytes_after)
     doc = {
         "snapshots_deleted": stats.snapshots_deleted, "chunks_deleted": stats.chunks_deleted,
         "bytes_before": stats.bytes_before, "bytes_after": stats.bytes_after,
@@ -375,6 +410,7 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.print_help()
         return 2
     try:
+        _check_args(args)
         return int(handler(args))
     except UsageError as exc:
         if args.debug:

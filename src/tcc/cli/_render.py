@@ -69,7 +69,12 @@ def outcome(out: Any, *, as_json: bool) -> int:
         print(f"completed: {json.dumps(_jsonable(out.result))}")
     elif out.status == "waiting":
         info = out.parked or {}
-        if info.get("kind") == "approval":
+        if info.get("child"):
+            child = info["child"]
+            print(f"waiting for child run {child} ({info.get('child_status')}) -- see "
+                  f"`tcc show {child}`; once it has finished, `tcc resume {out.run_id}` (or "
+                  "`tcc worker`) continues this run")
+        elif info.get("kind") == "approval":
             print(f"waiting for approval: {info.get('prompt')!r} -- answer with "
                   f"`tcc approve {out.run_id}` or `tcc reject {out.run_id}`, then `tcc resume {out.run_id}`")
         else:

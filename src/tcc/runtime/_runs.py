@@ -39,6 +39,28 @@ def is_sync(func: Any) -> bool:
     return not inspect.iscoroutinefunction(func)
 
 
+def check_call(func: Any, args: Sequence[str], entry: str) -> None:
+    """Usage errors of calling the entry ``func(*args)``, raised before anything is stored.
+
+    Found by review: a call that failed only once the run record existed left
+    a run in status ``running`` that the worker then retried for ever.
+    """
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise errors.UsageError(
+            f"{entry} is a generator function: the entry must be an `async def` or a plain "
+            "`def` function")
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):  # no signature to check (a builtin): the call will tell
+        return
+    try:
+        sig.bind(*args)
+    except TypeError as exc:
+        raise errors.UsageError(
+            f"{entry} cannot be called with the arguments {list(args)!r}: {exc} (everything "
+            "after SCRIPT is passed to the agent, so tcc options go before SCRIPT)") from None
+
+
 def _make_coroutine(func: Any, args: Sequence[str], entry: str, run_id: str) -> Any:
     if inspect.iscoroutinefunction(func):
         return func(*args)
@@ -150,6 +172,7 @@ def start(
     """
     entry = _entry(script)
     func = _scripts.resolve(entry)  # usage errors before anything is stored
+    check_call(func, args, entry)
     check = _verify_func(entry, verify) if parent is None or verify else None
     if is_sync(func):
         strategy = "replay"

@@ -6,7 +6,11 @@ own ``tcc resume`` subprocess (at most ``concurrency`` at once):
 * ``running`` runs whose owner is dead -- its process is gone from this host,
   or its lease expired without a heartbeat (a dead-man switch);
 * ``sleeping`` runs whose wake time has come;
-* ``waiting`` runs whose awaited signal has arrived.
+* ``waiting`` runs whose awaited signal has arrived, or whose child run
+  (``tcc.spawn``) has finished.
+
+A run whose resume fails (exit code not 0) is retried after 1 s (or the poll
+interval), then 2, 4, ... up to 5 minutes, instead of at every poll.
 
 Every takeover increments the run's epoch, so a zombie owner that wakes up
 later is fenced and cannot commit.  On SIGTERM the worker stops starting runs,
@@ -26,9 +30,12 @@ import time
 from typing import Any, Callable, cast
 
 from .._proc import pid_alive
+from ..errors import RunNotFoundError
 from ..store import RunInfo, Store
 
 HOST = socket.gethostname()
+FINISHED = ("completed", "unverified", "failed", "cancelled")
+BACKOFF_MAX = 300.0  # seconds between resumes of a run whose resumes keep failing
 
 
 def pending_waits(store: Store, run_id: str) -> list[dict[str, Any]]:
@@ -56,6 +63,15 @@ def wake_time(store: Store, run_id: str) -> float | None:
     return until
 
 
+def awaited_child(store: Store, run_id: str) -> str | None:
+    """The child run a waiting run parked on (``tcc.spawn``), if that is what it waits for."""
+    child = None
+    for e in store.events(run_id):
+        if e.kind == "parked":
+            child = dict(e.data).get("child")
+    return child if isinstance(child, str) else None
+
+
 def _owner_dead(run: RunInfo, now: float) -> bool:
     if run.lease_expiry <= now:
         return True
@@ -72,6 +88,13 @@ def due(store: Store, run: RunInfo, now: float) -> str | None:
         until = wake_time(store, run.run_id)
         return "timer due" if until is None or until <= now else None
     if run.status == "waiting":
+        child = awaited_child(store, run.run_id)
+        if child is not None:
+            try:
+                status = store.get_run(child).status
+            except RunNotFoundError:  # lost: resuming starts it again, or reports why not
+                return "child missing"
+            return "child finished" if status in FINISHED else None
         if any(w["signal"] == "pending" for w in pending_waits(store, run.run_id)):
             return "signal arrived"
     return None
@@ -96,6 +119,9 @@ class Worker:
         self.log = log
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.errs: dict[str, Any] = {}  # run id -> temporary file holding the child's stderr
+        # run id -> (failed resumes in a row, not before this time): a resume that keeps
+        # failing (a deleted script, changed code) is retried ever more slowly, not every poll
+        self.backoff: dict[str, tuple[int, float]] = {}
         self.stopping = False
 
     def stop(self, *_args: Any) -> None:
@@ -112,7 +138,15 @@ class Worker:
                 if lines:
                     why = f": {lines[-1].strip()[:300]}"
             err.close()
-        self.log(f"worker: run {run_id} exited with {code}{why}")
+        if code == 0:
+            self.backoff.pop(run_id, None)
+            self.log(f"worker: run {run_id} exited with {code}{why}")
+            return
+        failures = self.backoff.get(run_id, (0, 0.0))[0] + 1
+        delay = min(BACKOFF_MAX, max(self.poll, 1.0) * 2 ** (failures - 1))
+        self.backoff[run_id] = (failures, time.time() + delay)
+        self.log(f"worker: run {run_id} exited with {code}{why} (failure {failures} in a row; "
+                 f"next try in {delay:.0f} s at the earliest)")
 
     def _reap(self) -> None:
         for run_id, proc in list(self.children.items()):
@@ -131,10 +165,12 @@ class Worker:
                 break
             if run.run_id in self.children or run.status not in ("running", "sleeping", "waiting"):
                 continue
+            if self.backoff.get(run.run_id, (0, 0.0))[1] > now:
+                continue
             reason = due(self.store, run, now)
             if reason is None:
                 continue
-            args = [*self.command, "--debug", "resume", "--store", self.store.path,
+            args = [*self.command, "resume", "--store", self.store.path,
                     "--tenant", self.store.tenant, run.run_id]
             self.log(f"worker: resuming {run.run_id} ({reason})")
             err = tempfile.TemporaryFile()

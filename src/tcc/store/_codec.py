@@ -33,6 +33,8 @@ import re
 import struct
 from typing import Any
 
+from ..errors import UsageError
+
 __all__ = [
     "SECRET_NAME",
     "Corrupt",
@@ -61,7 +63,7 @@ class Corrupt(Exception):
 def check_name(kind: str, value: str) -> bytes:
     """Validate a tenant/run/signal name and return it encoded."""
     if not isinstance(value, str) or not _NAME_RE.match(value):
-        raise ValueError(
+        raise UsageError(  # a ValueError too
             f"invalid {kind} {value!r}: use 1-128 characters from A-Z a-z 0-9 . _ : @ + = -"
         )
     return value.encode("ascii")

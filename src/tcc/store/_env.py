@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from ..errors import StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError
+from ..errors import (StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError,
+                      UsageError)
 from ._codec import RECORD_MIN, SECRET_NAME, Corrupt, Sealer, load_or_create_secret
 from ._lmdbcheck import LmdbDamageError, check_data_file
 from ._refs import head_key, is_head_key, seal_head
@@ -238,7 +239,8 @@ class EnvHandle:
         max_map_size: int | None,
     ) -> None:
         if durability not in ("sync", "group", "none"):
-            raise ValueError(f"durability must be 'sync', 'group' or 'none', not {durability!r}")
+            raise UsageError(  # a ValueError too
+                f"durability must be 'sync', 'group' or 'none', not {durability!r}")
         self.path = path
         self.durability = durability
         self.pid = os.getpid()
@@ -267,7 +269,13 @@ class EnvHandle:
                 "its secret was lost and nothing in it can be verified; restore the secret file "
                 "from a backup or choose another path"
             ) from None
-        self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a read-only file system or directory
+            raise StoreError(
+                f"store {path}: cannot open its lock file {LOCK_NAME!r} for writing "
+                f"({exc.strerror}); tcc needs write access to the store directory, even to "
+                "read it (copy the store somewhere writable to inspect it)") from None
         fcntl.flock(self._lockfd, fcntl.LOCK_SH)
         self._downgrade_lock = False  # set while a format upgrade holds the lock exclusively
         try:
@@ -300,8 +308,9 @@ class EnvHandle:
                     "directory to start over")
         if not has_data and not create:
             raise StoreNotFoundError(
-                f"no tcc store at {path}; create it (open_store(create=True)) or point "
-                "TCC_STORE at an existing store")
+                f"no tcc store at {path}: nothing was stored there yet (`tcc run` or "
+                "open_store(create=True) creates it); or pass --store or set TCC_STORE to an "
+                "existing store")
         if not os.path.isdir(path):
             os.makedirs(path, mode=0o700, exist_ok=True)
             os.chmod(path, 0o700)
@@ -693,7 +702,7 @@ class EnvHandle:
             except BlockingIOError:
                 raise StoreError(
                     f"store {self.path} is open in another process; stop the other processes "
-                    "and run `tcc gc` again") from None
+                    "and compact again (`tcc gc --compact`)") from None
             try:
                 before = self.file_size()
                 # With the exclusive lock no other compaction is running: any

@@ -120,7 +120,8 @@ class LmdbStore(Maintenance):
             if alive:
                 raise FencedError(
                     f"run {run_id!r} in store {self.path} is owned by {hdr['host']}:{hdr['pid']} "
-                    f"for {hdr['lease'] - now:.1f} s more; wait, or claim with steal=True")
+                    f"for {hdr['lease'] - now:.1f} s more; wait for it to finish or its lease to "
+                    "expire, or take it over anyway (`tcc resume --steal`, claim_run(steal=True))")
             prev = {"epoch": hdr["epoch"], "owner": f"{hdr['host']}:{hdr['pid']}"}
             hdr.update(epoch=hdr["epoch"] + 1, host=HOST, pid=os.getpid(), lease=now + lease,
                        updated=now)

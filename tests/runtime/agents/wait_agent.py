@@ -91,3 +91,13 @@ async def verify(result):
     if "bad" in result:
         raise AssertionError(f"result {result!r} failed the check")
     return True
+
+
+async def gated_child(n):
+    ok = await tcc.approval(f"child {n}?")
+    return await act(f"child {n} {ok}")
+
+
+async def parent_of_gated():
+    kid = await tcc.spawn(gated_child, "3")
+    return [kid, await act("parent end")]
