@@ -267,6 +267,10 @@ def test_bad_arguments_are_refused_before_a_run_is_stored(tmp_path):
         assert needle in proc.stderr and "internal error" not in proc.stderr, proc.stderr
         assert "note:" not in proc.stderr, proc.stderr  # no misleading "plain function" note
     assert "options go before SCRIPT" in cli.run("run", str(script), "1", "--json").stderr
+    proc = cli.run("run", str(tmp_path))
+    assert proc.returncode == 2 and "is a directory" in proc.stderr, proc.stderr
+    proc = cli.run("resume", "nosuch")
+    assert proc.returncode == 1 and proc.stdout == "" and "no run 'nosuch'" in proc.stderr
     assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["ok"]
 
 

@@ -81,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="check the result with FUNC(result) before completing (default: the "
                           "script's verify() if it has one); a failed check leaves the run unverified")
     run.add_argument("script", metavar="SCRIPT[:FUNC]", help="the agent script and its async entry (main)")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to FUNC as strings")
+    run.add_argument("args", nargs=argparse.REMAINDER,
+                     help="arguments passed to FUNC as strings (everything after SCRIPT, so tcc "
+                          "options go before it)")
     run.set_defaults(handler=_cmd_run)
 
     resume = sub.add_parser("resume", help="continue an unfinished run from its newest snapshot")
@@ -90,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="override the run's recovery strategy")
     resume.add_argument("--checkpoint-every", "--snapshot-every", dest="checkpoint_every", type=int,
                         default=None, metavar="K", help="snapshot interval (default: the run's)")
-    resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
+    resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                        help="ownership lease, renewed while the run is alive (default: 30)")
     resume.add_argument("--steal", action="store_true", help="take the run even if its owner's lease is live")
     resume.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="at a tcc.wait_for/approval, wait this long in-process before parking")
@@ -215,6 +218,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from .. import runtime
 
     with _open(args, create=False) as store:
+        store.get_run(args.run_id)  # an unknown run: the error, without "resuming" first
         _render.started(args.run_id, resumed=True, as_json=args.json)
         outcome = runtime.resume(
             store, args.run_id, strategy=args.strategy, checkpoint_every=args.checkpoint_every,

@@ -56,6 +56,8 @@ def _load_script(path: str) -> types.ModuleType:
                 "is already loaded in this process"
             )
         return module
+    if os.path.isdir(path):
+        raise errors.UsageError(f"script {path} is a directory; name a Python file")
     if not os.path.isfile(path):
         raise errors.UsageError(f"script {path} does not exist")
     spec = importlib.util.spec_from_file_location(name, path)
