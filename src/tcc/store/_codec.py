@@ -69,6 +69,27 @@ def check_name(kind: str, value: str) -> bytes:
     return value.encode("ascii")
 
 
+def as_bytes(what: str, value: object) -> bytes:
+    """``value`` if it is bytes-like, as bytes; else UsageError naming ``what``.
+
+    ``bytes(5)`` is five zero bytes and ``bytes([1, 2])`` two bytes: a store
+    that called ``bytes()`` on whatever it was given stored the wrong value
+    without a word (review finding).
+    """
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise UsageError(f"{what} must be bytes, not {type(value).__name__}")
+
+
+def check_int(what: str, value: object, least: int = 0) -> int:
+    """``value`` if it is an int (not a bool) of at least ``least``; else UsageError."""
+    if type(value) is not int or value < least:
+        raise UsageError(f"{what} must be an integer of at least {least}, not {value!r}")
+    return value
+
+
 def u64(n: int) -> bytes:
     """Big-endian u64, so byte order is numeric order."""
     return _U64.pack(n)

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from ..errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError
+from ..errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError, UsageError
 from ._api import RunInfo, SnapshotInfo
 from ._chunks import decode_chunk, decode_inline, parse_entries
-from ._codec import Corrupt, check_name, prefix, seq_key
+from ._codec import Corrupt, check_int, check_name, prefix, seq_key
 from ._env import acquire
 from ._refs import (
     FLUSH_RELEASES,
@@ -40,6 +40,7 @@ __all__ = ["HOST", "StoreCore", "last_seq"]
 T = TypeVar("T")
 _S = TypeVar("_S", bound="StoreCore")
 HOST = socket.gethostname()
+FINAL = ("completed", "cancelled")  # statuses no writer may change (cancel_run and claim_run check)
 
 
 def last_seq(txn: Any, db: Any, pfx: bytes) -> int:
@@ -71,8 +72,10 @@ class StoreCore:
         max_map_size: int | None = None,
     ) -> None:
         self._t = check_name("tenant", tenant)
-        if keep < 1:
-            raise ValueError("keep must be at least 1")
+        check_int("keep", keep, 1)
+        for what, size in (("map_size", map_size), ("max_map_size", max_map_size)):
+            if size is not None:
+                check_int(what, size, 64 << 10)
         self._keep = keep
         self._h = acquire(path, create=create, durability=durability, map_size=map_size,
                           max_map_size=max_map_size)
@@ -174,6 +177,8 @@ class StoreCore:
         txn.put(key, self._sealer.seal(b"runs", key, hdr, blobs), db=self._dbs["runs"])
 
     def _fence(self, txn: Any, rid: bytes, epoch: int) -> tuple[dict[str, Any], dict[str, bytes]]:
+        if type(epoch) is not int:
+            raise UsageError(f"epoch must be an int (from create_run or claim_run), not {epoch!r}")
         hdr, blobs = self._load_run(txn, rid)
         if hdr["epoch"] != epoch and hdr["status"] == "cancelled":
             raise FencedError(
@@ -185,6 +190,11 @@ class StoreCore:
                 f"run {rid.decode()!r} in store {self.path} is at epoch {hdr['epoch']} "
                 f"(owner {hdr['host']}:{hdr['pid']}) but this writer has epoch {epoch}: the run "
                 "was taken over, so this writer must stop; nothing was written")
+        if hdr["status"] in FINAL:
+            # a completed run cannot be reopened into a second completion (contract C6)
+            raise FencedError(
+                f"run {rid.decode()!r} in store {self.path} is already {hdr['status']}, which is "
+                "final; nothing was written")
         return hdr, blobs
 
     def _info(self, rid: bytes, hdr: dict[str, Any], blobs: dict[str, bytes]) -> RunInfo:

@@ -73,9 +73,13 @@ def acquire(
     path: str, *, create: bool, durability: str, map_size: int | None, max_map_size: int | None
 ) -> EnvHandle:
     """The process-wide handle for ``path``, opened on first use."""
+    if durability not in ("sync", "group", "none"):  # before "already open with ..."
+        raise UsageError(f"durability must be 'sync', 'group' or 'none', not {durability!r}")
     real = os.path.realpath(path)
     key = (os.getpid(), real)
     with _registry_lock:
+        for inherited in [k for k in _registry if k[0] != os.getpid()]:
+            _registry.pop(inherited).drop_after_fork()
         h = _registry.get(key)
         if h is not None and not h.closed:
             if h.durability != durability:
@@ -509,13 +513,33 @@ class EnvHandle:
     # ------------------------------------------------------------------ guards
     def check(self) -> None:
         """Refuse use after close or across fork."""
-        if self.closed:
-            raise StoreError(f"store {self.path} is closed; open it again with open_store()")
         if os.getpid() != self.pid:
             raise StoreError(
                 f"store {self.path} was opened in process {self.pid} and used in process "
                 f"{os.getpid()} after fork(); LMDB environments must not cross fork(): call "
                 "open_store() again in the child")
+        if self.closed:
+            raise StoreError(f"store {self.path} is closed; open it again with open_store()")
+
+    def drop_after_fork(self) -> None:
+        """In a forked child: let go of the parent's environment, so the child can open its own.
+
+        py-lmdb refuses to open files an environment of this process has open,
+        and the child inherited the parent's.  Closing that copy here is safe:
+        LMDB clears only reader slots of the closing process (the parent's stay),
+        its fcntl locks belong to the parent, and the flock on ``tcc.lock`` is
+        shared with the parent's descriptor, which stays open (never unlocked).
+        """
+        assert os.getpid() != self.pid
+        self.closed = True
+        try:
+            self.env.close()
+        except lmdb.Error:
+            pass
+        try:
+            os.close(self._lockfd)
+        except OSError:
+            pass
 
     def _enter(self) -> None:
         with self._gate:

@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from .._proc import pid_alive
-from ..errors import FencedError, StoreCorruptError, StoreError
+from ..errors import FencedError, StoreCorruptError, StoreError, UsageError
 from ._api import RUN_STATUSES, Completion, JournalRecord, RunInfo, SnapshotInfo
 from ._chunks import (
     INLINE_MAX,
@@ -19,7 +19,7 @@ from ._chunks import (
     pack_entries,
     split,
 )
-from ._codec import Corrupt, check_name, prefix, seq_key
+from ._codec import Corrupt, as_bytes, check_int, check_name, prefix, seq_key
 from ._core import HOST, last_seq
 from ._maint import Maintenance
 from ._refs import HEAD, SnapRow, iter_prefix, next_chunk_id, snap_rows
@@ -57,12 +57,16 @@ class LmdbStore(Maintenance):
         lease: float = 30.0,
     ) -> RunInfo:
         """Create a run owned by this process: epoch 1, status ``running``."""
-        rid = self._rid(run_id or uuid.uuid4().hex)
+        rid = self._rid(uuid.uuid4().hex if run_id is None else run_id)
+        if not isinstance(entry, str) or not entry:
+            raise UsageError(f"entry must be a non-empty string (script[:function]), not {entry!r}")
+        if not isinstance(lease, (int, float)) or lease < 0:
+            raise UsageError(f"lease must be a number of seconds >= 0, not {lease!r}")
         now = time.time()
         hdr = {"entry": entry, "strategy": strategy, "status": "running", "created": now,
                "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
                "lease": now + lease, "parent": None}
-        blobs = {"args": bytes(args)}
+        blobs = {"args": as_bytes("args", args)}
 
         def op(txn: Any) -> RunInfo:
             if txn.get(self._t + b"\x00" + rid, db=self._dbs["runs"]) is not None:
@@ -188,9 +192,9 @@ class LmdbStore(Maintenance):
             hdr, blobs = self._fence(txn, rid, epoch)
             hdr.update(status=status, updated=time.time())
             if result is not None:
-                blobs["result"] = bytes(result)
+                blobs["result"] = as_bytes("result", result)
             if error is not None:
-                blobs["error"] = bytes(error)
+                blobs["error"] = as_bytes("error", error)
             self._put_run(txn, rid, hdr, blobs)
             self._event(txn, rid, status, {"epoch": epoch})
             return self._info(rid, hdr, blobs)
@@ -209,11 +213,12 @@ class LmdbStore(Maintenance):
 
     def _completion(self, txn: Any, rid: bytes, seq: int, c: Completion, now: float,
                     count: bool = True) -> None:
+        check_int("completion intent_seq", c.intent_seq)
         blobs = {}
         if c.result is not None:
-            blobs["r"] = bytes(c.result)
+            blobs["r"] = as_bytes("completion result", c.result)
         if c.error is not None:
-            blobs["e"] = bytes(c.error)
+            blobs["e"] = as_bytes("completion error", c.error)
         self._put_journal(txn, rid, seq, {"k": "c", "t": now, "i": c.intent_seq,
                                           "d": c.duration}, blobs, count)
 
@@ -229,13 +234,17 @@ class LmdbStore(Maintenance):
     ) -> int:
         """Journal an effect about to run; returns its sequence number."""
         rid = self._rid(run_id)
+        args_b = as_bytes("args", args)
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"effect name must be a non-empty string, not {name!r}")
+        check_int("attempt", attempt, 1)
 
         def op(txn: Any) -> int:
             self._fence(txn, rid, epoch)
             seq = self._next_seq(txn, "journal", prefix(self._t, rid), rid)
             self._put_journal(txn, rid, seq, {"k": "i", "t": time.time(), "n": name,
                                               "ik": idempotency_key, "a": attempt},
-                              {"args": bytes(args)})
+                              {"args": args_b})
             return seq
 
         return self._write(op)
@@ -328,6 +337,8 @@ class LmdbStore(Maintenance):
         transaction.
         """
         rid = self._rid(run_id)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise UsageError(f"snapshot payload must be bytes, not {type(payload).__name__}")
         sealer, dbs, held = self._sealer, self._dbs, self._held
         with self._memo_lock:
             memo = self._memos.pop(rid, None) or _RunMemo()
@@ -522,6 +533,8 @@ class LmdbStore(Maintenance):
         verification; damaged bytes are never returned.
         """
         rid = self._rid(run_id)
+        if number is not None:
+            check_int("snapshot number", number, 1)
         return self._read(lambda txn: self._load(txn, rid, number))[1]
 
     def latest_good_snapshot(self, run_id: str) -> tuple[SnapshotInfo, bytes] | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import StoreCorruptError, StoreError
 from ._api import Event, GcStats, RunInfo
-from ._codec import Corrupt, check_name, prefix, seq_key, u64
+from ._codec import Corrupt, as_bytes, check_name, prefix, seq_key, u64
 from ._core import HOST, StoreCore
 from ._env import StoreDamageWarning
 from ._refs import HEAD, apply_diff, iter_prefix, snap_rows, sweep
@@ -31,6 +31,7 @@ class Maintenance(StoreCore):
         """
         rid = self._rid(run_id)
         key = prefix(self._t, rid) + check_name("signal name", name)
+        value = as_bytes("signal value", value)
 
         def op(txn: Any) -> bool:
             self._load_run(txn, rid)
@@ -39,7 +40,7 @@ class Maintenance(StoreCore):
             # never delivered -- unless damage lost its record: then "once, ever" needs the count
             self._check_tally(txn, "signals", prefix(self._t, rid), None, f"run {run_id!r}")
             rec = self._sealer.seal(b"signals", key, {"s": "pending", "t": time.time()},
-                                    {"v": bytes(value)})
+                                    {"v": value})
             txn.put(key, rec, db=self._dbs["signals"])
             self._add_member(txn, "signals", prefix(self._t, rid), 1, f"run {run_id!r}")
             return True
