@@ -18,7 +18,7 @@ import itertools
 import types
 from typing import Any, Callable, Iterator
 
-from . import _frames, _records
+from . import _frames, _pickler, _records
 
 Child = tuple[str, Any]
 
@@ -65,9 +65,10 @@ def _children(obj: Any) -> Iterator[Child]:
                 yield f"closure {name!r}", cell.cell_contents
             except ValueError:
                 pass
-        for name in obj.__code__.co_names:
-            if name in obj.__globals__:
-                yield f"global {name!r}", obj.__globals__[name]
+        if _pickler.home_module(obj) is None:  # else its globals are not captured
+            for name in obj.__code__.co_names:
+                if name in obj.__globals__:
+                    yield f"global {name!r}", obj.__globals__[name]
         yield "defaults", obj.__defaults__
         yield "__dict__", obj.__dict__
         return

@@ -140,6 +140,18 @@ class ModuleView(View):
         return f"<module {self.name!r}>"
 
 
+class StreamView(View):
+    """One of the interpreter's standard streams (restored as the loader's own)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: Any) -> None:
+        self.name = str(name)
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return f"<sys.{self.name}>"
+
+
 class FrameView(View):
     """A suspended (or unstarted) generator/coroutine frame as stored.
 
@@ -427,7 +439,27 @@ def _fill_exception(exc: Any, state: Any) -> None:
         exc.__setstate__(own)
 
 
+def _function_behind_wrappers(module: Any, qualname: Any, steps: Any, code_qualname: Any) -> StubMeta:
+    # A by-reference function (a decorated one): named by its code's qualname,
+    # which is what the module source defines.
+    name = code_qualname if isinstance(code_qualname, str) else str(qualname)
+    return stub_class(str(module), name)
+
+
+def _module_function(code: Any, module: Any, closure: Any = None) -> "FunctionView":
+    name = code.co_name if isinstance(code, types.CodeType) else None
+    return FunctionView(code, {"__name__": module}, name, None, closure)
+
+
+def _standard_stream(name: Any) -> StreamView:
+    return StreamView(name)
+
+
 _RECORDS: dict[str, Any] = {
+    "function_behind_wrappers": _function_behind_wrappers,
+    "module_function": _module_function,
+    "fill_function": lambda obj, state: _cp_function_setstate(obj, state),
+    "standard_stream": _standard_stream,
     "new_generator": _new_generator,
     "fill_generator": _fill_generator,
     "finished_generator": _finished_generator,
@@ -772,11 +804,22 @@ def _walk_code(code: types.CodeType) -> Iterator[types.CodeType]:
 
 
 def find_code(module_code: types.CodeType, qualname: str, want: bytes | None) -> types.CodeType | None:
-    """The code object of ``qualname`` in a module (the fingerprint match if several)."""
-    found = [c for c in _walk_code(module_code) if c.co_qualname == qualname]
-    for c in found:
-        if want is not None and fingerprint(c) == want:
-            return c
+    """The code object of ``qualname`` in a module (the fingerprint match if several).
+
+    The wrapper made by a decorator with ``functools.wraps`` is named by the
+    decorated function's qualname but runs the decorator's nested code
+    (``traced.<locals>.wrapper``): when no code of that qualname matches, a
+    nested code of the module with the stored fingerprint is that wrapper's.
+    """
+    codes = list(_walk_code(module_code))
+    found = [c for c in codes if c.co_qualname == qualname]
+    if want is not None:
+        for c in found:
+            if fingerprint(c) == want:
+                return c
+        for c in codes:
+            if "<locals>" in c.co_qualname and fingerprint(c) == want:
+                return c
     return found[-1] if found else None
 
 

@@ -13,6 +13,13 @@ code objects, globals) is used as it is.  We add, through
 * exceptions, with ``__cause__``, ``__context__`` and
   ``__suppress_context__`` kept (plain pickling drops them);
 * tracebacks, which become None (they hold live frames of the past);
+* functions of importable modules that cloudpickle cannot find by name: a
+  decorated function is found behind its wrappers (``__wrapped__``,
+  ``__func__``) and stored by reference; any other (nested functions,
+  lambdas) carries its code by value but keeps its module's live globals,
+  never a copy of them;
+* the interpreter's standard streams, stored by reference (restored as the
+  loading process's ``sys.stdout`` etc.);
 * a short list of objects that must never be captured silently (open files,
   sockets, event loops, futures, async generators), refused loudly;
 * reducers registered by the user for their own types.
@@ -64,12 +71,46 @@ class _Refusal:
         raise errors.CaptureError(f"{self.why} ({type(obj).__module__}.{type(obj).__qualname__})")
 
 
+_FILE_REFUSAL = _Refusal(
+    "open files cannot be captured; keep the path in a local and reopen it, or register a reducer"
+)
+
+
+def _is_file_type(t: type) -> bool:
+    return issubclass(t, io.IOBase) and not issubclass(t, (io.BytesIO, io.StringIO))
+
+
+def _standard_stream(obj: Any) -> str | None:
+    """'stdout', 'stderr' or 'stdin' if ``obj`` is one of the interpreter's streams.
+
+    Both the current ``sys.stdout`` (which may have been replaced, e.g. by a
+    test runner) and the original ``sys.__stdout__`` count; either is
+    restored as the loading process's current ``sys.stdout``.
+    """
+    for name in ("stdout", "stderr", "stdin"):
+        if obj is getattr(sys, name, None) or obj is getattr(sys, f"__{name}__", None):
+            return name
+    return None
+
+
+class _StreamOr:
+    """Standard streams by reference; any other instance of a file type as ``fallback``."""
+
+    __slots__ = ("fallback",)
+
+    def __init__(self, fallback: Callable[["Pickler", Any], Any]) -> None:
+        self.fallback = fallback
+
+    def __call__(self, pickler: "Pickler", obj: Any) -> Any:
+        name = _standard_stream(obj)
+        if name is not None:
+            return (_records.standard_stream, (name,))
+        return self.fallback(pickler, obj)
+
+
 def _refusal_for(t: type) -> _Refusal | None:
-    if issubclass(t, io.IOBase) and not issubclass(t, (io.BytesIO, io.StringIO)):
-        return _Refusal(
-            "open files cannot be captured; keep the path in a local and reopen it, "
-            "or register a reducer"
-        )
+    if _is_file_type(t):
+        return _FILE_REFUSAL
     if issubclass(t, socket.socket):
         return _Refusal("sockets cannot be captured; reconnect after restore")
     if issubclass(t, types.AsyncGeneratorType):
@@ -131,6 +172,129 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
 def _cloudpickle_default(pickler: Pickler, obj: Any) -> Any:
     return cloudpickle.Pickler.reducer_override(pickler, obj)
+
+
+# ------------------------------------------------------------------ functions
+
+_MAX_UNWRAP = 32
+
+
+def _importable(module_name: Any) -> types.ModuleType | None:
+    """The module named ``module_name`` if a loading process is expected to import it.
+
+    The same assumption as cloudpickle's: a module in ``sys.modules`` is
+    importable, unless it is the script run as ``__main__`` or registered with
+    ``cloudpickle.register_pickle_by_value``.
+    """
+    if not isinstance(module_name, str) or module_name in ("__main__", "__mp_main__"):
+        return None
+    module = sys.modules.get(module_name)
+    if not isinstance(module, types.ModuleType):
+        return None
+    if cloudpickle.cloudpickle._is_registered_pickle_by_value(module):
+        return None
+    return module
+
+
+def _unwrap_step(obj: Any) -> tuple[str, Any] | None:
+    if isinstance(obj, (types.MethodType, classmethod, staticmethod)):
+        return "__func__", obj.__func__
+    try:
+        inner = getattr(obj, "__wrapped__")
+    except Exception:  # noqa: BLE001 - AttributeError, or a proxy's own error: no path
+        return None
+    return "__wrapped__", inner
+
+
+def locate_function(func: types.FunctionType) -> tuple[str, str, tuple[str, ...]] | None:
+    """(module, qualname, steps) leading from a module attribute to ``func``, or None.
+
+    Finds functions that cloudpickle cannot, because their module holds
+    something else under their name: the wrapper of a decorator that used
+    ``functools.wraps`` (``__wrapped__``), a classmethod (``__func__``), or
+    a chain of such.
+    """
+    qualname = getattr(func, "__qualname__", None)
+    module_name = getattr(func, "__module__", None)
+    module = _importable(module_name)
+    if module is None or not isinstance(qualname, str) or "<" in qualname:
+        return None  # "<locals>", "<lambda>": never reachable by name
+    obj: Any = module
+    try:
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001 - not there (or a module __getattr__ failed)
+        return None
+    steps: list[str] = []
+    seen: set[int] = set()
+    for _ in range(_MAX_UNWRAP):
+        if obj is func:
+            assert isinstance(module_name, str)  # _importable() checked it
+            return module_name, qualname, tuple(steps)
+        if id(obj) in seen:
+            return None
+        seen.add(id(obj))
+        step = _unwrap_step(obj)
+        if step is None:
+            return None
+        steps.append(step[0])
+        obj = step[1]
+    return None
+
+
+def home_module(func: types.FunctionType) -> str | None:
+    """The name of the importable module whose namespace ``func`` runs in, or None."""
+    name = func.__globals__.get("__name__")
+    module = _importable(name)
+    if module is None or module.__dict__ is not func.__globals__:
+        return None
+    assert isinstance(name, str)  # _importable() checked it
+    return name
+
+
+def _reduce_function(pickler: Pickler, func: types.FunctionType) -> Any:
+    """Functions: by reference wherever possible, and never with copied module globals.
+
+    * found by name (cloudpickle's test): by reference, as pickle does;
+    * found behind the wrappers at its name: by that path (the generator
+      reducer adds the code fingerprint check, as for any reference);
+    * of an importable module but not reachable by name: code by value,
+      globals by reference to the module;
+    * anything else (``__main__`` scripts, modules registered to be pickled
+      by value): cloudpickle by value, with the globals it uses copied.
+    """
+    if cloudpickle.cloudpickle._should_pickle_by_reference(func):
+        return NotImplemented
+    found = locate_function(func)
+    if found is not None:
+        module_name, qualname, steps = found
+        return (
+            _records.function_behind_wrappers,
+            (module_name, qualname, steps, func.__code__.co_qualname),
+        )
+    home = home_module(func)
+    if home is None:
+        return pickler._dynamic_function_reduce(func)
+    slots = {
+        "__name__": func.__name__,
+        "__qualname__": func.__qualname__,
+        "__annotations__": func.__annotations__,
+        "__kwdefaults__": func.__kwdefaults__,
+        "__defaults__": func.__defaults__,
+        "__module__": func.__module__,
+        "__doc__": func.__doc__,
+    }
+    # The closure is passed as it is, so that its cells keep their identity
+    # (see _reduce_cell); the function dict and slots go in the state, which
+    # lets them refer back to the function.
+    return (
+        _records.module_function,
+        (func.__code__, home, func.__closure__),
+        (dict(func.__dict__), slots),
+        None,
+        None,
+        _records.fill_function,
+    )
 
 
 def _reduce_generator(pickler: Pickler, gen: Any) -> Any:
@@ -207,7 +371,7 @@ _EXACT: dict[type, Callable[[Pickler, Any], Any]] = {
     types.CellType: _reduce_cell,
     types.CodeType: _reduce_code,
     types.TracebackType: _reduce_traceback,
-    types.FunctionType: _cloudpickle_default,
+    types.FunctionType: _reduce_function,
 }
 
 _PLAIN = (dict, list, tuple, set, frozenset, bytearray, type(None), int, float, complex)
@@ -219,12 +383,16 @@ def _classify(t: type) -> Callable[[Pickler, Any], Any] | None:
         return _EXACT[t]
     registered = _registered(t)
     if registered is not None:
+        if _is_file_type(t):
+            return _StreamOr(_make_registered(registered))
         return _make_registered(registered)
     if t in _PLAIN:
         return None
     if issubclass(t, type):
         return _cloudpickle_default
     refusal = _refusal_for(t)
+    if refusal is _FILE_REFUSAL:
+        return _StreamOr(refusal)
     if refusal is not None:
         return refusal
     if issubclass(t, BaseException):

@@ -8,6 +8,8 @@ names and signatures must never change or move (add new ones instead, and bump
 
 from __future__ import annotations
 
+import importlib
+import sys
 import threading
 import types
 from typing import Any, Callable
@@ -102,6 +104,115 @@ def finished_generator(code: types.CodeType, name: str, qualname: str) -> Any:
 def no_traceback() -> None:
     """What a captured traceback object becomes."""
     return None
+
+
+# --------------------------------------------------------------- functions
+
+#: The steps :func:`function_behind_wrappers` may take from one object to the next.
+UNWRAP_STEPS = ("__wrapped__", "__func__")
+
+
+def _is_str_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+
+
+def function_behind_wrappers(
+    module_name: str, qualname: str, steps: tuple[str, ...], code_qualname: str
+) -> types.FunctionType:
+    """The function found at ``module.qualname`` by following ``steps``.
+
+    A decorated function is not what its module holds under its name (that
+    is the wrapper), so it is stored as the path from that name to it:
+    ``__wrapped__`` (set by ``functools.wraps``) and ``__func__`` (methods,
+    classmethods) steps.  The caller checks the code fingerprint where an
+    offset depends on it; here the path must still lead to a function whose
+    code has the stored qualname, or the decorators changed.
+    """
+    if not (
+        isinstance(module_name, str)
+        and isinstance(qualname, str)
+        and isinstance(code_qualname, str)
+        and _is_str_tuple(steps)
+        and all(step in UNWRAP_STEPS for step in steps)
+    ):
+        raise errors.CorruptSnapshotError("malformed reference to a decorated function")
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise errors.IncompatibleSnapshotError(
+                f"snapshot refers to {module_name}.{qualname}, which cannot be found here"
+            ) from None
+    for step in steps:
+        try:
+            obj = getattr(obj, step)
+        except AttributeError:
+            obj = None
+            break
+    code = getattr(obj, "__code__", None) if isinstance(obj, types.FunctionType) else None
+    if code is None or code.co_qualname != code_qualname:
+        raise errors.CodeChangedError(
+            f"{module_name}.{qualname}: the decorators around {code_qualname}() have changed "
+            "since the snapshot was taken, so the function it was captured in cannot be "
+            "found the same way. Restore with the original source, or replay/fork the run instead."
+        )
+    assert isinstance(obj, types.FunctionType)
+    return obj
+
+
+_FUNCTION_SLOTS = frozenset(
+    ("__name__", "__qualname__", "__annotations__", "__kwdefaults__", "__defaults__",
+     "__module__", "__doc__")
+)
+
+
+def module_function(
+    code: types.CodeType, module_name: str, closure: tuple[types.CellType, ...] | None
+) -> types.FunctionType:
+    """A function carried by value whose globals are its (imported) module's own.
+
+    For functions of an importable module that cannot be found by name
+    (nested functions, lambdas, decorated functions without ``__wrapped__``):
+    the code travels in the snapshot, the globals are the live module's, never
+    a stale copy of them.
+    """
+    if not (isinstance(code, types.CodeType) and isinstance(module_name, str)):
+        raise errors.CorruptSnapshotError("malformed function record")
+    if closure is not None and not (
+        isinstance(closure, tuple)
+        and len(closure) == len(code.co_freevars)
+        and all(isinstance(c, types.CellType) for c in closure)
+    ):
+        raise errors.CorruptSnapshotError(f"malformed closure for {code.co_qualname}()")
+    if closure is None and code.co_freevars:
+        raise errors.CorruptSnapshotError(f"missing closure for {code.co_qualname}()")
+    module = importlib.import_module(module_name)
+    return types.FunctionType(code, module.__dict__, None, None, closure)
+
+
+def fill_function(func: types.FunctionType, state: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """State setter of :func:`module_function`: ``__dict__``, then name, defaults, etc."""
+    try:
+        own, slots = state
+    except (TypeError, ValueError):
+        raise errors.CorruptSnapshotError("malformed function state") from None
+    if not (isinstance(own, dict) and isinstance(slots, dict) and set(slots) <= _FUNCTION_SLOTS):
+        raise errors.CorruptSnapshotError("malformed function state")
+    func.__dict__.update(own)
+    for name, value in slots.items():
+        setattr(func, name, value)
+
+
+_STREAMS = ("stdout", "stderr", "stdin")
+
+
+def standard_stream(name: str) -> Any:
+    """The restoring process's current ``sys.stdout`` / ``sys.stderr`` / ``sys.stdin``."""
+    if name not in _STREAMS:
+        raise errors.CorruptSnapshotError(f"unknown standard stream {name!r}")
+    return getattr(sys, name)
 
 
 # -------------------------------------------------------------------- code
