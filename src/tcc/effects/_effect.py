@@ -14,11 +14,15 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import threading
+import types
 from typing import Any, Callable, TypeVar, cast
 
+from .. import errors
 from . import _context
 
 _REGISTRY: dict[str, "Effect"] = {}
+_REGISTRY_LOCK = threading.Lock()
 
 _R = TypeVar("_R")
 
@@ -142,7 +146,15 @@ class SpawnRequest:
 
 
 class Effect:
-    """A function whose calls are journaled and run once per call."""
+    """A function whose calls are journaled and run once per call.
+
+    The driver finds the function to run by the effect's *name* (a request
+    and the journal carry only the name), so a name belongs to one effect:
+    see :func:`_register`.  On a class an effect binds like a function: a
+    call through an instance passes the instance as the first argument (and
+    it is journaled with the other arguments); ``@staticmethod`` and
+    ``@classmethod`` may be stacked on either side of ``@tcc.effect``.
+    """
 
     def __init__(
         self,
@@ -158,6 +170,13 @@ class Effect:
             raise ValueError("retries must be >= 0")
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be > 0")
+        # ``@tcc.effect`` above ``@staticmethod``/``@classmethod``: wrap the
+        # function and remember how a class attribute access must bind it.
+        self._binds = "instance"
+        if isinstance(fn, staticmethod):
+            fn, self._binds = fn.__func__, "static"
+        elif isinstance(fn, classmethod):
+            fn, self._binds = fn.__func__, "class"
         self.fn = fn
         self.name = name or f"{fn.__module__}:{fn.__qualname__}"
         self.retries = retries
@@ -166,18 +185,143 @@ class Effect:
         self.retry_delay = retry_delay
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
-        _REGISTRY[self.name] = self
+        # The defining module's spec now: importlib.reload replaces it (_reexecuted).
+        self._spec = getattr(fn, "__globals__", {}).get("__spec__")
+        _register(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _context.active() is None:
             return self.fn(*args, **kwargs)
         return _switch_if_sync(EffectRequest(self.name, args, kwargs))
 
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """Bind like a function: ``obj.method(x)`` calls the effect with ``(obj, x)``."""
+        if self._binds == "static":
+            return self
+        if self._binds == "class":
+            return types.MethodType(self, owner if owner is not None else type(instance))
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
+
     def __reduce__(self) -> Any:
         return (lookup, (self.name,))
 
     def __repr__(self) -> str:
         return f"<tcc.effect {self.name}>"
+
+
+def _register(new: Effect) -> None:
+    """Register ``new`` under its name, refusing a name that would make dispatch ambiguous.
+
+    A name already held by another effect is taken over only when that is
+    safe:
+
+    - the other effect's module was executed again (the same module, or the
+      same ``def`` of the same file under another module name, in a new
+      module namespace or in the same namespace with a new ``__spec__``:
+      ``importlib.reload``, a script loaded again, a script that its tests
+      import too): the newer definition is the live one, as it is for
+      pickling by reference;
+    - or the two are interchangeable: the same code, globals, defaults,
+      closure contents and options (a ``def`` that ran again with nothing
+      that differs, e.g. a helper called twice).
+
+    Anything else -- a factory that built two effects with different closure
+    variables, a ``def`` repeated in one module, the same function wrapped
+    twice with different options, two modules that chose the same ``name=``
+    -- raises :class:`~tcc.errors.UsageError` at decoration
+    time: calls are dispatched by name, so one effect would silently run the
+    other's code.
+    """
+    with _REGISTRY_LOCK:
+        old = _REGISTRY.get(new.name)
+        if old is not None and old is not new and not _reexecuted(old, new) \
+                and not _interchangeable(old, new):
+            raise errors.UsageError(_duplicate_message(old, new))
+        _REGISTRY[new.name] = new
+
+
+def _reexecuted(old: Effect, new: Effect) -> bool:
+    """``new`` is ``old``'s definition, executed again in a later load of its module."""
+    old_globals = getattr(old.fn, "__globals__", None)
+    new_globals = getattr(new.fn, "__globals__", None)
+    if not isinstance(old_globals, dict) or not isinstance(new_globals, dict):
+        return False
+    # The same module, or the same `def` in the same file loaded under another
+    # module name (a script run by tcc and imported by its tests).
+    where = _definition(old.fn)
+    if old_globals.get("__name__") != new_globals.get("__name__") and (
+            where is None or where != _definition(new.fn)):
+        return False
+    # A new namespace: the module was loaded again.  The same namespace with
+    # a new spec: importlib.reload, which sets __spec__ before re-executing.
+    return old_globals is not new_globals or old._spec is not new._spec
+
+
+def _definition(fn: Callable[..., Any]) -> tuple[str, int] | None:
+    code = getattr(fn, "__code__", None)
+    return None if code is None else (code.co_filename, code.co_firstlineno)
+
+
+def _interchangeable(old: Effect, new: Effect) -> bool:
+    """Calling either effect would do the same thing with the same options."""
+    if (old.retries, old.timeout, old.retry_delay, old._binds) != (
+        new.retries, new.timeout, new.retry_delay, new._binds
+    ) or old.verify is not new.verify:
+        return False
+    a, b = old.fn, new.fn
+    if a is b:
+        return True
+    if not (isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType)):
+        return False
+    return (
+        a.__code__ is b.__code__
+        and a.__globals__ is b.__globals__
+        and _same_items(a.__defaults__ or (), b.__defaults__ or ())
+        and _same_items(tuple((a.__kwdefaults__ or {}).items()), tuple((b.__kwdefaults__ or {}).items()))
+        and _same_items(tuple(_cell(c) for c in a.__closure__ or ()),
+                        tuple(_cell(c) for c in b.__closure__ or ()))
+    )
+
+
+_EMPTY_CELL = object()
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # not assigned yet
+        return _EMPTY_CELL
+
+
+def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(
+        x is y or (isinstance(x, tuple) and isinstance(y, tuple) and _same_items(x, y))
+        for x, y in zip(a, b)
+    )
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(fn)
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def _duplicate_message(old: Effect, new: Effect) -> str:
+    same_def = getattr(old.fn, "__code__", None) is getattr(new.fn, "__code__", object())
+    why = (
+        "the same `def` ran twice with different closure variables, defaults or options "
+        "(a factory function?); derive the name from what differs, e.g. "
+        "@tcc.effect(name=f\"tool-{label}\")"
+        if same_def else "give each effect its own name with @tcc.effect(name=...)"
+    )
+    return (
+        f"two different effects are named {new.name!r} (defined at {_where(old.fn)} and "
+        f"{_where(new.fn)}): a run dispatches effect calls by name, so one would silently run "
+        f"the other's code; {why}"
+    )
 
 
 def _switch_if_sync(request: _R) -> _R:
@@ -213,6 +357,13 @@ def effect(
     verify: Callable[..., Any] | None = None,
 ) -> Any:
     """Declare a side effect: ``@tcc.effect`` or ``@tcc.effect(retries=3, timeout=30)``.
+
+    Calls are dispatched by ``name`` (default ``module:qualname``), so it must
+    belong to one effect: a second, different effect of that name raises
+    :class:`~tcc.errors.UsageError` (see :func:`_register`).  ``timeout``
+    bounds one attempt: an async effect is cancelled, a sync one fails the
+    attempt while its thread runs to the end, and the next attempt waits for
+    it.  On a class, ``obj.method(x)`` passes (and journals) ``obj``.
 
     ``verify(intent)`` is called before re-issuing a call that was in flight
     at a crash; if it returns anything but None, that is taken as the call's

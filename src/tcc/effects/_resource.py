@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+# "Not built yet".  Not None: a factory may return None, and must then be
+# called once, not again on every use.  Never captured: a snapshot records the
+# factory call (``__reduce__``), not ``_obj``.
+_UNBUILT: Any = object()
+
 
 class Resource:
     """A lazily built object that snapshots as its factory call."""
@@ -19,11 +24,11 @@ class Resource:
         object.__setattr__(self, "_factory", factory)
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_kwargs", kwargs)
-        object.__setattr__(self, "_obj", None)
+        object.__setattr__(self, "_obj", _UNBUILT)
 
     def _get(self) -> Any:
         obj = object.__getattribute__(self, "_obj")
-        if obj is None:
+        if obj is _UNBUILT:
             factory = object.__getattribute__(self, "_factory")
             obj = factory(*object.__getattribute__(self, "_args"), **object.__getattribute__(self, "_kwargs"))
             object.__setattr__(self, "_obj", obj)
@@ -53,6 +58,10 @@ class Resource:
 
     def __iter__(self) -> Any:
         return iter(self._get())
+
+    def __bool__(self) -> bool:
+        # Without it, truth falls back to __len__, which the built object may lack.
+        return bool(self._get())
 
     def __len__(self) -> int:
         return len(self._get())

@@ -143,6 +143,13 @@ def _explain_agent_error(exc: Exception) -> Exception:
     return exc
 
 
+def _lingered(running: set[asyncio.Future[Any]], work: asyncio.Future[Any]) -> None:
+    """A timed-out attempt's thread ended: forget it (its late outcome is discarded)."""
+    running.discard(work)
+    if not work.cancelled():
+        work.exception()  # retrieved: asyncio must not log it as never retrieved
+
+
 def encode_error(exc: BaseException) -> bytes:
     doc = {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
@@ -203,6 +210,8 @@ class Driver:
         self._replay: deque[LoggedCall] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_heartbeat = threading.Event()
+        # Worker threads of timed-out sync effect attempts that still run, by effect name.
+        self._lingering: dict[str, set[asyncio.Future[Any]]] = {}
 
     # ------------------------------------------------------------------ main
 
@@ -311,7 +320,7 @@ class Driver:
                 return logged.outcome
             outcome, completion = self._reissue(effect, logged)
         else:
-            args = dump_payload((request.args, request.kwargs))
+            args = self._dump_args(effect, request)
             outcome, completion = self._run_attempts(effect, request.args, request.kwargs, args, key, 1)
         self._completed(coro, outcome, completion)
         return outcome
@@ -333,7 +342,7 @@ class Driver:
                 args, kwargs = load_payload(logged.args)
                 todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
             else:
-                blob = dump_payload((req.args, req.kwargs))
+                blob = self._dump_args(eff, req)
                 todo.append((i, eff, req.args, req.kwargs, blob, key, 1))
         if todo:
             seqs = [
@@ -368,6 +377,25 @@ class Driver:
         if todo and self.snapshots:
             self._snapshot(coro, pending, None)
         return pending
+
+    def _dump_args(self, effect: Effect, request: EffectRequest) -> bytes:
+        """The call's arguments for its intent; if they cannot be captured, the run fails.
+
+        (They used to escape the driver and leave the run ``running``.)
+        """
+        try:
+            return dump_payload((request.args, request.kwargs))
+        except errors.CaptureError as exc:
+            message = f"the arguments of effect {effect.name!r} cannot be journaled: {exc}"
+            method = getattr(effect.fn, "__name__", "")
+            if request.args and any(vars(k).get(method) is effect for k in type(request.args[0]).__mro__):
+                message += (
+                    f"; a call through an instance journals the instance (a "
+                    f"{type(request.args[0]).__qualname__}) as its first argument: keep live clients "
+                    "in it as tcc.resource(...), or make the effect a @staticmethod or a function")
+            self.store.set_status(self.run_id, self.epoch, "failed",
+                                  error=encode_error(errors.CaptureError(message)))
+            raise errors.RunFailedError(message) from exc
 
     def _effect(self, name: str) -> Effect:
         try:
@@ -423,6 +451,7 @@ class Driver:
         first_attempt: int,
     ) -> tuple[Pending, Completion]:
         attempt = first_attempt
+        self._settle(effect)  # an earlier call of it timed out and its thread still runs
         while True:
             seq = self.store.append_intent(
                 self.run_id, self.epoch, effect.name, args_blob, idempotency_key=key, attempt=attempt
@@ -441,6 +470,7 @@ class Driver:
             if outcome[0] == "send" or attempt > effect.retries:
                 return outcome, completion
             self.store.append_completion(self.run_id, self.epoch, completion)
+            self._settle(effect)  # a timed-out sync attempt: its thread must end before the next
             time.sleep(effect.retry_delay * (2 ** (attempt - first_attempt)))
             attempt += 1
 
@@ -455,19 +485,63 @@ class Driver:
         self, effect: Effect, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, attempt: int,
         fn: Callable[..., Any] | None = None,
     ) -> Any:
+        """Run one attempt of ``effect`` (or its ``fn``, e.g. its verify probe), within its timeout.
+
+        An async function is cancelled when the timeout passes.  A sync one
+        runs in a worker thread, which cannot be stopped: the attempt fails
+        with TimeoutError at once, the thread runs on to the end, and until it
+        has ended no other call of this effect starts in this run (see
+        :meth:`_settle`), so a retry never overlaps the attempt it replaces.
+        """
         fn = fn or effect.fn
         token = _context.set_current(_context.Current(self.run_id, effect.name, key, attempt))
         try:
             if asyncio.iscoroutinefunction(fn):
-                work: Any = fn(*args, **kwargs)
-            else:
-                call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-                work = asyncio.get_running_loop().run_in_executor(None, call)
-            if effect.timeout is not None:
-                return await asyncio.wait_for(work, effect.timeout)
-            return await work
+                if effect.timeout is None:
+                    return await fn(*args, **kwargs)
+                deadline = asyncio.timeout(effect.timeout)
+                try:
+                    async with deadline:
+                        return await fn(*args, **kwargs)
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise  # the function's own TimeoutError
+                    raise TimeoutError(self._timed_out(effect, "it was cancelled")) from None
+            await self._settled(effect.name)  # e.g. a tcc.gather after a timed-out call
+            call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+            work = asyncio.get_running_loop().run_in_executor(None, call)
+            if effect.timeout is None:
+                return await work
+            done, _ = await asyncio.wait({work}, timeout=effect.timeout)  # does not cancel work
+            if work in done:
+                return work.result()
+            running = self._lingering.setdefault(effect.name, set())
+            running.add(work)
+            work.add_done_callback(functools.partial(_lingered, running))
+            raise TimeoutError(self._timed_out(
+                effect, "its thread cannot be stopped and runs to the end; the next attempt "
+                "or call of this effect starts after it"))
         finally:
             _context.reset_current(token)
+
+    @staticmethod
+    def _timed_out(effect: Effect, what: str) -> str:
+        return f"effect {effect.name!r} timed out after {effect.timeout:g} s ({what})"
+
+    async def _settled(self, name: str) -> None:
+        """Until no timed-out attempt of effect ``name`` is still running in its thread."""
+        while self._lingering.get(name):
+            await asyncio.wait(set(self._lingering[name]))
+
+    def _settle(self, effect: Effect) -> None:
+        """Block until the threads of ``effect``'s timed-out attempts have ended.
+
+        Called before an attempt's intent is journaled, so the journal never
+        shows an attempt as started while an earlier one still runs.
+        """
+        if self._lingering.get(effect.name):
+            assert self._loop is not None
+            self._loop.run_until_complete(self._settled(effect.name))
 
     def _completion(self, seq: int, outcome: Pending, duration: float) -> Completion:
         try:
