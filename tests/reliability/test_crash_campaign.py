@@ -542,7 +542,7 @@ class Job:
         if attempt.code == 0 and doc == {"id": child.run_id, "parent": child.fork_of}:
             child.state = "live"
             self.fig.forks += 1
-        elif attempt.code == 1 and ("has no snapshot" in attempt.err):
+        elif attempt.code in (1, 2) and ("has no snapshot" in attempt.err):  # 2: usage error
             child.state = "absent"
         elif attempt.code == -signal.SIGKILL:
             pass

@@ -45,3 +45,21 @@ def test_fork_set_unknown_local_is_a_usage_error(tmp_path):
     proc = cli.run("fork", "p3", "--set", "nope=1")
     assert proc.returncode == 2 and "has no local 'nope'" in proc.stderr and "before" in proc.stderr
     assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["p3"]
+
+
+def test_fork_of_a_missing_snapshot_is_a_usage_error_like_inspect(tmp_path):
+    """`tcc fork --at N` of a snapshot that is not there, and a fork of a run without snapshots,
+    exit 2 with the retained numbers or the reason, as `tcc inspect` does (review finding: fork
+    exited 1, and told a completed replay run to "resume it first")."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "src", f"{WAIT}:gated", check=True)
+    retained = [s["number"] for s in cli.show("src")["snapshots"]]
+    for cmd in ("fork", "inspect"):
+        proc = cli.run(cmd, "--at", "99", "src")
+        assert proc.returncode == 2, proc.stderr
+        assert f"has no snapshot 99; retained: {', '.join(map(str, retained))}" in proc.stderr
+    cli.run("run", "--run-id", "rp", "--strategy", "replay", f"{WAIT}:sleeper", "0", check=True)
+    proc = cli.run("fork", "rp")
+    assert proc.returncode == 2 and "has no snapshot to fork (a --strategy replay run takes none)" \
+        in proc.stderr, proc.stderr
+    assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["rp", "src"]

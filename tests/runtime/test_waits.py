@@ -209,3 +209,12 @@ def test_sigterm_parks_a_run_sleeping_in_process(tmp_path):
     again = json.loads(plain.run("resume", "--json", "st", check=True).stdout)
     assert again["status"] == "sleeping"  # not due yet: parks again, "after" never ran
     assert cli.show("st")["effects"] == 1
+
+
+def test_show_does_not_count_wait_and_sleep_markers_as_effects(tmp_path):
+    """`tcc show` counts effects as `tcc run` does: a finished sleep or wait is not an effect
+    (review finding: a run with 2 effect calls and a sleep showed 3)."""
+    cli = Cli(tmp_path)
+    done = start(cli, "n", "sleeper", "0")
+    assert done["status"] == "completed" and done["effects"] == 2
+    assert cli.show("n")["effects"] == 2

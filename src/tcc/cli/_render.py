@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 from ..store import RunInfo
 
+MARKERS = ("tcc:wait", "tcc:sleep")  # runtime._driver's WAIT_EFFECT, SLEEP_EFFECT
+
 
 def _when(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds")
@@ -144,7 +146,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     events = store.events(run_id)
     completions = [r for r in journal if r.kind == "completion"]
     intents = {r.seq: r for r in journal if r.kind == "intent"}
-    done_keys = {intents[c.intent_seq].idempotency_key for c in completions if c.intent_seq in intents}
+    # wait and sleep markers are journaled like effects but are not effects (as in `tcc run`)
+    done_keys = {intents[c.intent_seq].idempotency_key for c in completions
+                 if c.intent_seq in intents and intents[c.intent_seq].name not in MARKERS}
     checkpoints = max((s.number for s in snapshots if not s.damaged), default=0)
     doc = {
         "id": run.run_id,

@@ -75,6 +75,14 @@ def fork(
 ) -> RunInfo:
     """Create (but do not start) a run from snapshot ``at`` of ``run_id``."""
     parent = store.get_run(run_id)
+    numbers = [s.number for s in store.snapshots(run_id)]
+    if not numbers:  # usage errors, as `tcc inspect` reports them
+        why = (" (a --strategy replay run takes none)" if parent.strategy == "replay"
+               else "; resume it until it has taken one")
+        raise errors.UsageError(f"run {run_id} has no snapshot to fork{why}")
+    if at is not None and at not in numbers:
+        raise errors.UsageError(
+            f"run {run_id} has no snapshot {at}; retained: {', '.join(map(str, numbers))}")
     _scripts.resolve(parent.entry)  # the frames' functions must be importable
     child = store.fork_run(run_id, at, new_run_id=new_run_id)
     try:
