@@ -70,3 +70,38 @@ def test_worker_resumes_a_parent_once_its_waiting_child_finished(tmp_path):
     parent = cli.show("pg")
     assert parent["status"] == "completed"
     assert parent["result"] == ["did child 3 True", "did parent end"]
+
+
+def test_spawn_with_arguments_the_child_cannot_take_raises_in_the_parent(tmp_path):
+    """tcc.spawn with bad arguments raises TypeError in the parent's code, which can handle
+    it (review finding: the usage error escaped the parent's driver and left it running)."""
+    cli = Cli(tmp_path)
+    doc = json.loads(cli.run("run", "--json", "--run-id", "sb", f"{WAIT}:spawns_badly", check=True).stdout)
+    assert doc["status"] == "completed" and doc["result"][0] == "refused", doc
+    assert "cannot be called with the arguments" in doc["result"][1]
+    assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["sb"]
+
+
+def test_sigterm_inside_a_child_stops_the_parent_without_failing_its_spawn(tmp_path):
+    """SIGTERM while a spawned child runs in the parent's process stops both; a resume
+    finishes both (review finding: the parent journaled the stopped child as a failed
+    spawn, for good)."""
+    import signal
+    import time
+
+    cli = Cli(tmp_path, STEP_DELAY="0.3")
+    proc = cli.popen("run", "--json", "--run-id", "ps", f"{WAIT}:parent_of_slow")
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None
+        shown = cli.run("show", "--json", "ps")
+        children = json.loads(shown.stdout)["children"] if shown.returncode == 0 else []
+        if children and cli.show(children[0])["effects"] >= 1:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and json.loads(out)["status"] == "stopped", (out, err)
+    done = json.loads(Cli(tmp_path).run("resume", "--json", "ps", check=True).stdout)
+    assert done["status"] == "completed", done
+    assert done["result"] == ["parent", [f"did step {i}" for i in range(6)]]

@@ -283,6 +283,8 @@ def test_bad_arguments_are_refused_before_a_run_is_stored(tmp_path):
     (("worker", "--poll", "-1"), "--poll must be more than 0"),
     (("worker", "--concurrency", "0"), "--concurrency must be at least 1"),
     (("run", "--run-id", "", f"{MISC}:ok"), "a run id cannot be empty"),
+    (("run", "--lease", "nan", f"{MISC}:ok"), "--lease must be a finite number"),
+    (("resume", "--lease", "inf", "x"), "--lease must be a finite number"),
 ])
 def test_bad_names_and_numbers_are_usage_errors(tmp_path, args, needle):
     """Bad ids, tenants and option values: one line, exit 2, no store created (review

@@ -164,3 +164,6 @@ def test_worker_backs_off_a_run_whose_resume_keeps_failing(tmp_path):
         worker.tick()
         assert "failure 2 in a row; next try in 2 s" in [m for m in logs if "exited" in m][-1]
         assert store.get_run(run.run_id).epoch == 1  # the failed resumes took nothing over
+        worker.backoff[run.run_id] = (5000, 0.0)  # a run that has failed for days (review
+        worker._finished(run.run_id, 2)           # finding: 2 ** 1024 overflowed a float)
+        assert worker.backoff[run.run_id][0] == 5001 and "next try in 300 s" in logs[-1], logs[-1]

@@ -612,7 +612,9 @@ def test_completed_run_is_final_for_every_writer(store_path: str) -> None:
     (lambda s: s.create_run("e", [1, 2]), "args must be bytes, not list"),
     (lambda s: s.create_run(None), "entry must be a non-empty string"),
     (lambda s: s.create_run("e", run_id=""), "invalid run id ''"),
-    (lambda s: s.create_run("e", lease=-1), "lease must be a number of seconds >= 0"),
+    (lambda s: s.create_run("e", lease=-1), "lease must be a finite number of seconds >= 0"),
+    (lambda s: s.create_run("e", lease=float("nan")), "lease must be a finite number"),
+    (lambda s: s.renew_lease("r", 1, float("inf")), "lease must be a finite number"),
     (lambda s: s.send_signal("r", "go", 4), "signal value must be bytes, not int"),
     (lambda s: s.checkpoint("r", 1, "text"), "snapshot payload must be bytes, not str"),
     (lambda s: s.checkpoint("r", 1, b"x", completion=Completion(0, result=3)),
@@ -650,3 +652,41 @@ def test_bad_open_arguments_are_usage_errors(store_path: str) -> None:
             with pytest.raises(UsageError, match=needle):
                 open_store(store_path, **kwargs)
         assert s.list_runs() == []
+
+
+def test_fork_inside_a_store_call_keeps_the_parents_transaction(store_path: str) -> None:
+    """A child forked while the parent is inside a transaction must not release the parent's
+    copy: closing it would abort that transaction in lock.mdb, so the parent's read snapshot
+    would lose its protection (review finding). The child gets a clear error instead, and the
+    parent's open read still sees its snapshot after many commits."""
+    out = run_python(
+        """
+        import os, sys
+        from tcc.store import open_store
+        from tcc.errors import StoreError
+        s = open_store(sys.argv[1], durability="none")
+        s.create_run("e", run_id="r")
+        s.checkpoint("r", 1, b"v1")
+        def inside(txn):
+            before = txn.stat(s._dbs["snaps"])["entries"]
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    open_store(sys.argv[1])
+                    os._exit(1)
+                except StoreError as exc:
+                    os._exit(0 if "forked while another thread" in str(exc) else 2)
+            _, status = os.waitpid(pid, 0)
+            readers = s._h.env.readers()
+            w = open_store(sys.argv[1], durability="none", tenant="other")
+            for i in range(30):  # commits that would reuse the pages of an unprotected snapshot
+                rid = w.create_run("e").run_id
+                w.checkpoint(rid, 1, os.urandom(3000))
+            w.close()
+            return os.waitstatus_to_exitcode(status), readers, before == txn.stat(s._dbs["snaps"])["entries"]
+        code, readers, same = s._read(inside)
+        print(code, "no active readers" not in readers.lower(), same, s.load_snapshot("r"))
+        """,
+        store_path,
+    )
+    assert out.stdout.split() == ["0", "True", "True", "b'v1'"], (out.stdout, out.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import warnings
@@ -38,6 +39,8 @@ def _check_args(args: argparse.Namespace) -> None:
     for name, least, strict in (("checkpoint_every", 1, False), ("lease", 0, True),
                                 ("wait", 0, False), ("poll", 0, True), ("concurrency", 1, False)):
         value = getattr(args, name, None)
+        if value is not None and not math.isfinite(value):  # nan, inf: a lease of nan renews
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number, not {value}")
         if value is not None and (value <= least if strict else value < least):
             flag = "--" + name.replace("_", "-")
             bound = f"more than {least}" if strict else f"at least {least}"

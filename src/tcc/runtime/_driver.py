@@ -531,7 +531,9 @@ class Driver:
     async def _settled(self, name: str) -> None:
         """Until no timed-out attempt of effect ``name`` is still running in its thread."""
         while self._lingering.get(name):
-            await asyncio.wait(set(self._lingering[name]))
+            await asyncio.wait(set(self._lingering[name]), timeout=0.5)
+            # a thread that never ends must not hide a cancel or a takeover
+            self._check_owner(f"waited for a timed-out call of effect {name!r} to end")
 
     def _settle(self, effect: Effect) -> None:
         """Block until the threads of ``effect``'s timed-out attempts have ended.

@@ -130,11 +130,16 @@ def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every:
         if child is not None and child.status in ("completed", "unverified", "failed", "cancelled"):
             return _decode_child(child)
         if child is None:
-            outcome = start(store, f"{path}:{func}", args, run_id=child_id, strategy=strategy,
-                            checkpoint_every=checkpoint_every, lease=lease, wait_seconds=wait_seconds,
-                            parent=run.run_id)
+            try:
+                outcome = start(store, f"{path}:{func}", args, run_id=child_id, strategy=strategy,
+                                checkpoint_every=checkpoint_every, lease=lease,
+                                wait_seconds=wait_seconds, parent=run.run_id)
+            except errors.UsageError as exc:  # e.g. arguments the child cannot take: the
+                return ("throw", TypeError(f"tcc.spawn({func}): {exc}"))  # parent's error
         else:  # re-attach to a child that a crash interrupted
             outcome = resume(store, child_id, lease=lease, wait_seconds=wait_seconds)
+        if outcome.status == "stopped":  # SIGTERM inside the child: the parent stops too,
+            raise _Parked("stopped", {"reason": "SIGTERM", "child": child_id})  # unrecorded
         if outcome.status in ("waiting", "sleeping"):
             store.add_event(run.run_id, "parked", {"status": "waiting", "child": child_id})
             store.set_status(run.run_id, run.epoch, "waiting")

@@ -143,7 +143,7 @@ class Worker:
             self.log(f"worker: run {run_id} exited with {code}{why}")
             return
         failures = self.backoff.get(run_id, (0, 0.0))[0] + 1
-        delay = min(BACKOFF_MAX, max(self.poll, 1.0) * 2 ** (failures - 1))
+        delay = min(BACKOFF_MAX, max(self.poll, 1.0) * 2 ** min(failures - 1, 16))
         self.backoff[run_id] = (failures, time.time() + delay)
         self.log(f"worker: run {run_id} exited with {code}{why} (failure {failures} in a row; "
                  f"next try in {delay:.0f} s at the earliest)")

@@ -58,6 +58,17 @@ DEFAULT_MAX_MAP_SIZE = 1 << 40
 
 _registry: dict[tuple[int, str], EnvHandle] = {}
 _registry_lock = threading.Lock()
+_kept_after_fork: set[str] = set()  # stores this forked child could not let go of
+
+
+def _after_fork_in_child() -> None:
+    # another thread of the parent may have held the lock at fork(): that thread does not
+    # exist here, so the child starts with a free lock (it has only this thread)
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def parse_size(text: str | int) -> int:
@@ -79,7 +90,13 @@ def acquire(
     key = (os.getpid(), real)
     with _registry_lock:
         for inherited in [k for k in _registry if k[0] != os.getpid()]:
-            _registry.pop(inherited).drop_after_fork()
+            if not _registry.pop(inherited).drop_after_fork():
+                _kept_after_fork.add(inherited[1])
+        if real in _kept_after_fork:
+            raise StoreError(
+                f"store {real} cannot be opened in this process: it was forked while another "
+                "thread of the parent was inside a store call, and LMDB cannot release that copy "
+                "safely here; fork() while no store call runs, or before opening the store")
         h = _registry.get(key)
         if h is not None and not h.closed:
             if h.durability != durability:
@@ -521,25 +538,34 @@ class EnvHandle:
         if self.closed:
             raise StoreError(f"store {self.path} is closed; open it again with open_store()")
 
-    def drop_after_fork(self) -> None:
+    def drop_after_fork(self) -> bool:
         """In a forked child: let go of the parent's environment, so the child can open its own.
 
         py-lmdb refuses to open files an environment of this process has open,
-        and the child inherited the parent's.  Closing that copy here is safe:
-        LMDB clears only reader slots of the closing process (the parent's stay),
-        its fcntl locks belong to the parent, and the flock on ``tcc.lock`` is
-        shared with the parent's descriptor, which stays open (never unlocked).
+        and the child inherited the parent's.  Closing that copy is safe when no
+        transaction was open at fork(): LMDB then clears only reader slots of
+        the closing process (the parent's stay), its fcntl locks belong to the
+        parent, and the flock on ``tcc.lock`` is shared with the parent's
+        descriptor, which stays open (never unlocked).  Returns False, and
+        keeps the copy, if a transaction was open.
         """
         assert os.getpid() != self.pid
         self.closed = True
+        if self._active:
+            # A thread of the parent was inside a transaction at fork(). Closing the copy
+            # would abort that transaction here, which writes to the parent's reader slot
+            # (or writer lock) in lock.mdb and exposes its pages to reuse (review finding).
+            # Keep the copy; acquire() refuses this store in this child.
+            return False
         try:
-            self.env.close()
+            self.env.close()  # no transaction: releases only this child's mapping and files
         except lmdb.Error:
             pass
         try:
             os.close(self._lockfd)
         except OSError:
             pass
+        return True
 
     def _enter(self) -> None:
         with self._gate:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -39,6 +40,12 @@ class _RunMemo:
         self.by_addr: dict[bytes, int] = {}  # its address -> chunk id map
 
 
+def _check_lease(lease: object) -> None:
+    # nan would make every claimer see the owner as dead, inf would never expire
+    if not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease < 0:
+        raise UsageError(f"lease must be a finite number of seconds >= 0, not {lease!r}")
+
+
 class LmdbStore(Maintenance):
     """Runs, journal, snapshots, signals and events of one tenant, in LMDB.
 
@@ -60,8 +67,7 @@ class LmdbStore(Maintenance):
         rid = self._rid(uuid.uuid4().hex if run_id is None else run_id)
         if not isinstance(entry, str) or not entry:
             raise UsageError(f"entry must be a non-empty string (script[:function]), not {entry!r}")
-        if not isinstance(lease, (int, float)) or lease < 0:
-            raise UsageError(f"lease must be a number of seconds >= 0, not {lease!r}")
+        _check_lease(lease)
         now = time.time()
         hdr = {"entry": entry, "strategy": strategy, "status": "running", "created": now,
                "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
@@ -108,6 +114,7 @@ class LmdbStore(Maintenance):
         Refused (FencedError) while another live owner's lease runs, unless
         ``steal``.  An owner on this host whose pid is gone counts as dead.
         """
+        _check_lease(lease)
         rid = self._rid(run_id)
 
         def op(txn: Any) -> RunInfo:
@@ -164,6 +171,7 @@ class LmdbStore(Maintenance):
 
     def renew_lease(self, run_id: str, epoch: int, lease: float = 30.0) -> RunInfo:
         """Extend this owner's lease to ``lease`` seconds from now."""
+        _check_lease(lease)
         rid = self._rid(run_id)
 
         def op(txn: Any) -> RunInfo:

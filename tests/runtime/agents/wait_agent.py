@@ -101,3 +101,16 @@ async def gated_child(n):
 async def parent_of_gated():
     kid = await tcc.spawn(gated_child, "3")
     return [kid, await act("parent end")]
+
+
+async def spawns_badly():
+    try:
+        await tcc.spawn(child_task, "kid", 3, "one too many")
+    except TypeError as exc:
+        return ["refused", str(exc)]
+    return ["spawned"]
+
+
+async def parent_of_slow():
+    kids = await tcc.spawn(slow_steps, "6")
+    return ["parent", kids]
