@@ -791,7 +791,7 @@ def test_fork_of_a_run_without_a_snapshot_is_a_clear_error(tmp_path):
     died = cli.run("run", "--run-id", "early", LEDGER_AGENT)
     assert died.returncode == -signal.SIGKILL
     proc = Cli(tmp_path, LEDGER=str(tmp_path / "ledger.txt")).run("fork", "early", "--run-id", "f")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # a usage error, as `tcc inspect` reports it
     assert proc.stderr.startswith("tcc: error:") and "internal error" not in proc.stderr, proc.stderr
     assert "snapshot" in proc.stderr
 
