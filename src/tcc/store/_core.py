@@ -225,6 +225,7 @@ class StoreCore:
         stored_form: Callable[[int], bytes | None],
         seal: Callable[[bytes], SnapRow] | None = None,
         jlen: int | None = None,
+        fresh_from: int | None = None,
     ) -> tuple[int, SnapRow | None, frozenset[int]]:
         """Add snapshot ``new_number`` (if any), drop snapshots past retention, fix refcounts.
 
@@ -236,6 +237,7 @@ class StoreCore:
         its pending ids)``.
         Without a new record (housekeeping), released chunks are decremented
         at once and the newest record's pending list stays as it is.
+        ``fresh_from``: see :func:`apply_diff`.
         """
         dbs, held = self._dbs, self._held
         pinned = self._pinned(txn, pfx)
@@ -260,9 +262,9 @@ class StoreCore:
                     packed = b""
             if packed or not released:  # defer: count only the increments now
                 deferred = frozenset(released)
-                apply_diff(txn, dbs, before, after | deferred, stored_form)
+                apply_diff(txn, dbs, before, after | deferred, stored_form, fresh_from)
             else:
-                apply_diff(txn, dbs, before, after, stored_form)
+                apply_diff(txn, dbs, before, after, stored_form, fresh_from)
             row = seal(packed)
         for _, key, _ in dropped:
             txn.delete(key, db=dbs["snaps"])

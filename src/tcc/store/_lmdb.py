@@ -452,7 +452,7 @@ class LmdbStore(Maintenance):
             by_addr = prev_map
         else:  # another writer (or process) committed since this process last did
             by_addr = held.held(txn, dbs, rows[-1][1], rows[-1][2]).by_addr if rows else {}
-        next_id = next_chunk_id(txn, dbs["chunks"])
+        next_id = first_new = next_chunk_id(txn, dbs["chunks"])
         new: dict[int, bytes] = {}
         get = by_addr.get
 
@@ -494,7 +494,7 @@ class LmdbStore(Maintenance):
             return number, key, sealer.seal(b"snaps", key, {**hdr, "g": depth}, blobs)
 
         _, row, pending = self._retain(txn, pfx, rows, number, set(ids.values()), stored_form, seal,
-                                       hdr["j"])
+                                       hdr["j"], first_new)
         return row, pending
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:

@@ -292,14 +292,27 @@ def apply_diff(
     before: set[int],
     after: set[int],
     stored_form: Callable[[int], bytes | None],
+    fresh_from: int | None = None,
 ) -> None:
     """Increment chunks in ``after - before``, decrement (maybe delete) ``before - after``.
 
     ``stored_form(id)`` gives the bytes of a chunk that is not stored yet
     (None if the caller has none: then the chunk must exist already).
+    ``fresh_from``: the ids from there up were allocated by this transaction
+    above every stored id (:func:`next_chunk_id`), so nothing is stored under
+    them yet; they are appended in one call, without a lookup each.
     """
     db = dbs["chunks"]
-    for cid in sorted(after - before):
+    added = sorted(after - before)
+    fresh: list[tuple[bytes, bytes]] = []
+    one = _REF.pack(1)
+    for cid in added:
+        if fresh_from is not None and cid >= fresh_from:
+            data = stored_form(cid)
+            if data is not None:
+                fresh.append((data_key(cid), data))
+                fresh.append((_ref_key(cid), one))
+                continue
         raw = txn.get(_ref_key(cid), db=db)
         if raw is not None:
             txn.put(_ref_key(cid), _REF.pack(_REF.unpack(raw)[0] + 1), db=db)
@@ -310,15 +323,26 @@ def apply_diff(
                 continue  # a referenced chunk is gone (damage); sweep() accounts for it
         else:
             txn.put(data_key(cid), data, db=db)
-        txn.put(_ref_key(cid), _REF.pack(1), db=db)
+        txn.put(_ref_key(cid), one, db=db)
+    if fresh:
+        # MDB_APPEND skips the search (and fills pages instead of splitting them
+        # in half); it adds nothing for a key that is not above every stored one,
+        # which only damage can cause: those are then written the ordinary way
+        _, n = txn.cursor(db=db).putmulti(fresh, append=True)
+        if n != len(fresh):
+            for key, value in fresh:
+                txn.put(key, value, db=db)
+    cur = txn.cursor(db=db)  # consecutive ids share pages: a positioned cursor skips the search
     for cid in sorted(before - after):
-        raw = txn.get(_ref_key(cid), db=db)
-        count = _REF.unpack(raw)[0] if raw is not None else 0
-        if count <= 1:
-            txn.delete(_ref_key(cid), db=db)
-            txn.delete(data_key(cid), db=db)
-        else:
-            txn.put(_ref_key(cid), _REF.pack(count - 1), db=db)
+        rkey = _ref_key(cid)
+        count = _REF.unpack(cur.value())[0] if cur.set_key(rkey) else 0
+        if count > 1:
+            cur.put(rkey, _REF.pack(count - 1))
+            continue
+        if count:
+            cur.delete()
+        if cur.set_key(data_key(cid)):
+            cur.delete()
 
 
 def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
