@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from store_helpers import payload, run_python
@@ -445,6 +448,17 @@ def _set_format_version(path: str, version: int) -> None:
     env.close()
 
 
+@contextlib.contextmanager
+def _creating_format_3() -> Iterator[None]:
+    """Stores created inside are format 3 (BLAKE2b chunk addresses), as tcc wrote them
+    before format 4; what opens them afterwards is today's code."""
+    from tcc.store import _env
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_env, "FORMAT", {**_env.FORMAT, "version": 3})
+        yield
+
+
 def _format_version(path: str) -> int:
     import json
 
@@ -458,8 +472,9 @@ def _format_version(path: str) -> int:
 
 
 def test_version_1_store_is_upgraded_and_still_reads(store_path: str) -> None:
-    """A store written as format 1 (chunked snapshots, no pending lists) opens, reads and is upgraded."""
-    with open_store(store_path) as s:
+    """A store written as format 1 (chunked snapshots, no pending lists) opens, reads and is upgraded
+    to format 3, keeping its BLAKE2b chunk addresses."""
+    with _creating_format_3(), open_store(store_path) as s:
         run = s.create_run("e", run_id="r")
         s.checkpoint("r", run.epoch, payload(1, 50_000))  # chunked: readable by format 1 code too
     _set_format_version(store_path, 1)
@@ -475,7 +490,7 @@ def test_old_store_gets_head_records_on_upgrade(store_path: str, old: int) -> No
     """Upgrading a format 1 or 2 store indexes the snapshots every run already has (forks
     and retained ones included) and counts its journal and events, so nothing reads as
     missing and damage is caught after."""
-    with open_store(store_path, keep=2) as s:
+    with _creating_format_3(), open_store(store_path, keep=2) as s:
         run = s.create_run("e", run_id="r")
         for i in range(4):
             s.checkpoint("r", run.epoch, payload(i, 20_000))
@@ -508,10 +523,49 @@ def test_newer_format_is_refused(store_path: str) -> None:
     """A store written by a newer tcc is refused with a message saying to upgrade, and not changed."""
     with open_store(store_path) as s:
         s.create_run("e", run_id="r")
-    _set_format_version(store_path, 4)
-    with pytest.raises(StoreCorruptError, match="format version 4; this tcc reads version 3: upgrade tcc"):
+    _set_format_version(store_path, 5)
+    with pytest.raises(StoreCorruptError,
+                       match="format version 5; this tcc reads versions 1 to 4: upgrade tcc"):
         open_store(store_path)
+    assert _format_version(store_path) == 5
+
+
+def test_new_stores_address_chunks_with_blake3_and_format_3_stores_keep_blake2b(
+        store_path: str, tmp_path: Any) -> None:
+    """A new store is format 4 (keyed BLAKE3 chunk addresses); a format 3 store stays format 3
+    and keeps hashing with BLAKE2b, so what it holds still verifies and new snapshots
+    are written and read back the same way."""
+    with open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        s.checkpoint("r", run.epoch, payload(1, 60_000))
+        assert s._h.sealer.chunk_hash == "blake3"
     assert _format_version(store_path) == 4
+    old = str(tmp_path / "old")
+    with _creating_format_3(), open_store(old) as s:
+        run = s.create_run("e", run_id="r")
+        s.checkpoint("r", run.epoch, payload(1, 60_000))
+    with open_store(old) as s:
+        assert s._h.sealer.chunk_hash == "blake2b"
+        assert s.load_snapshot("r") == payload(1, 60_000)
+        grown = payload(1, 60_000) + payload(2, 3_000)
+        s.checkpoint("r", run.epoch, grown)
+        assert s.load_snapshot("r") == grown
+        assert s.load_snapshot("r", 1) == payload(1, 60_000)
+    assert _format_version(old) == 3
+
+
+def test_chunk_hash_follows_the_format_so_a_flipped_version_reads_as_damage(
+        store_path: str) -> None:
+    """The format version picks the chunk hash: a format 3 store whose header damage turned
+    into format 4 does not return wrong bytes, its chunks fail verification (and vice versa)."""
+    with _creating_format_3(), open_store(store_path) as s:
+        run = s.create_run("e", run_id="r")
+        s.checkpoint("r", run.epoch, payload(1, 60_000))
+    _set_format_version(store_path, 4)
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError):
+            s.load_snapshot("r")
+        assert s.latest_good_snapshot("r") is None
 
 
 def test_cancel_run_fences_the_owner_and_is_final(store_path: str) -> None:
@@ -545,7 +599,7 @@ def test_upgrade_waits_for_the_store_to_be_unshared(store_path: str) -> None:
     and the store stays as it was (review finding)."""
     import fcntl
 
-    with open_store(store_path) as s:
+    with _creating_format_3(), open_store(store_path) as s:
         run = s.create_run("e", run_id="r")
         s.checkpoint("r", run.epoch, payload(1, 20_000))
     _set_format_version(store_path, 2)
@@ -690,3 +744,20 @@ def test_fork_inside_a_store_call_keeps_the_parents_transaction(store_path: str)
         store_path,
     )
     assert out.stdout.split() == ["0", "True", "True", "b'v1'"], (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("header", [b"[4]", b'{"magic": "tcc-store", "version": [4]}',
+                                    b'{"magic": "tcc-store", "version": "4"}', b"[" * 100_000])
+def test_damaged_format_header_is_a_clear_error(store_path: str, header: bytes) -> None:
+    """A format header that is JSON but not the header's shape (a list, a version that is
+    not an integer) is refused as damage with a message, not an internal TypeError."""
+    import lmdb
+
+    with open_store(store_path) as s:
+        s.create_run("e", run_id="r")
+    env = lmdb.open(store_path, max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", header, db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with pytest.raises(StoreCorruptError, match=r"foreign LMDB database|format version"):
+        open_store(store_path)

@@ -18,9 +18,13 @@ keys are a contiguous range that never overlaps another run's or tenant's.
 A *sealed* record is ``MAC(16) | version(1) | header_len(u32 LE) | JSON header
 | blob bytes...``.  The MAC is keyed BLAKE2b over the database name, the key
 and the body, so a record moved to another key, run or tenant fails to verify
-just like a flipped bit.  A chunk's identity is its keyed BLAKE2b-256 (its
+just like a flipped bit.  A chunk's identity is a keyed 256-bit hash (its
 *address*), recorded next to its id in the (MAC'd) manifest, so the address
 authenticates the content: manifest -> group nodes -> chunks is a Merkle chain.
+The chunk hash is keyed BLAKE3 in stores of format 4 (~0.2 ms per MiB here,
+against ~1.3 ms for BLAKE2b: it is on the path of every checkpoint of new
+bytes and of every recovery) and keyed BLAKE2b-256 in stores of format 3,
+whose chunk addresses stay as they were written.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 from ..errors import UsageError
 
 __all__ = [
+    "CHUNK_HASHES",
     "SECRET_NAME",
     "Corrupt",
     "Sealer",
@@ -48,6 +53,7 @@ __all__ = [
 
 SECRET_NAME = "secret"
 _VERSION = 1
+CHUNK_HASHES = ("blake3", "blake2b")  # the first is what new stores use
 _MAC_LEN = 16
 RECORD_MIN = _MAC_LEN + 5  # the shortest sealed record: MAC, version byte, header length
 _JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps with options builds one per call
@@ -146,19 +152,35 @@ def load_or_create_secret(directory: str, create: bool) -> bytes:
 class Sealer:
     """MACs records and chunk contents with the per-store secret."""
 
-    __slots__ = ("_secret", "_chunk", "_record")
+    __slots__ = ("_secret", "_chunk", "_record", "chunk_hash")
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, chunk_hash: str = CHUNK_HASHES[0]) -> None:
         self._secret = secret
+        self.chunk_hash = chunk_hash
         # keyed states to copy: setting a key up costs more than hashing a small record
-        self._chunk = hashlib.blake2b(key=secret, digest_size=32, person=b"tcc-chunk")
+        self._chunk: Any
+        if chunk_hash == "blake3":
+            import blake3  # imported here: keeps ``import tcc.store`` light
+
+            # its own key, derived from the secret for this one purpose
+            key = blake3.blake3(secret, derive_key_context="tcc store 2026 chunk address").digest()
+            self._chunk = blake3.blake3(key=key)
+        elif chunk_hash == "blake2b":
+            self._chunk = hashlib.blake2b(key=secret, digest_size=32, person=b"tcc-chunk")
+        else:
+            raise ValueError(f"unknown chunk hash {chunk_hash!r}; known: {CHUNK_HASHES}")
         self._record = hashlib.blake2b(key=secret, digest_size=_MAC_LEN, person=b"tcc-record")
 
+    def with_chunk_hash(self, chunk_hash: str) -> Sealer:
+        """This sealer (same secret) with chunk addresses hashed by ``chunk_hash``."""
+        return self if chunk_hash == self.chunk_hash else Sealer(self._secret, chunk_hash)
+
     def chunk_id(self, data: bytes | memoryview) -> bytes:
-        """Content address (and MAC) of a chunk: keyed BLAKE2b-256."""
+        """Content address (and MAC) of a chunk: keyed BLAKE3 or BLAKE2b, 256 bits."""
         h = self._chunk.copy()
         h.update(data)
-        return h.digest()
+        digest: bytes = h.digest()
+        return digest
 
     def check_tag(self, label: bytes) -> bytes:
         """A MAC proving this secret belongs to this store (kept in ``meta``)."""

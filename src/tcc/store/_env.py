@@ -40,10 +40,13 @@ T = TypeVar("T")
 DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins")
 # Version 2 added inline payloads and pending-release lists to snapshot
 # records (see _chunks and _refs); version 3 per-run head records: the list
-# of snapshot numbers and the journal and event counts (_refs.head_key).  Older
-# stores are upgraded on open.
-FORMAT = {"magic": "tcc-store", "version": 3}
+# of snapshot numbers and the journal and event counts (_refs.head_key);
+# version 4 hashes chunk addresses with keyed BLAKE3 instead of BLAKE2b
+# (_codec.Sealer).  Version 1 and 2 stores are upgraded to version 3 on open;
+# a version 3 store stays one (its chunk addresses are BLAKE2b).
+FORMAT: dict[str, Any] = {"magic": "tcc-store", "version": 4}
 _UPGRADABLE = (1, 2)
+_CHUNK_HASH = {3: "blake2b", 4: "blake3"}  # format version -> chunk address hash
 LOCK_NAME = "tcc.lock"
 # Created once the store's format header is committed: from then on a missing
 # or empty data.mdb means lost records, not a store still being created.
@@ -462,10 +465,13 @@ class EnvHandle:
             hdr = {**FORMAT, "store_id": store_id,
                    "check": self.sealer.check_tag(store_id.encode()).hex(), "created": time.time()}
             txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
+            self.sealer = self.sealer.with_chunk_hash(_CHUNK_HASH[FORMAT["version"]])
             return
         try:
             hdr = json.loads(bytes(raw))
-        except ValueError:
+        except (ValueError, RecursionError):
+            hdr = {}
+        if not isinstance(hdr, dict):  # damage can leave any JSON value
             hdr = {}
         if hdr.get("magic") != FORMAT["magic"]:
             raise StoreCorruptError(f"{self.path} holds a foreign LMDB database, not a tcc store")
@@ -481,13 +487,17 @@ class EnvHandle:
                     f"upgrades it to version {FORMAT['version']} when it is open in no other "
                     "process: stop the other tcc processes using it (they may run an older "
                     "tcc) and try again") from None
+            self.sealer = self.sealer.with_chunk_hash(_CHUNK_HASH[3])  # its chunks stay BLAKE2b
             self._index_snapshots(txn)
-            hdr["version"] = FORMAT["version"]
+            hdr["version"] = 3
             txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
             self._downgrade_lock = True
-        if hdr.get("version") != FORMAT["version"]:
+        version = hdr.get("version")
+        chunk_hash = _CHUNK_HASH.get(version) if type(version) is int else None
+        if chunk_hash is None:
             raise StoreCorruptError(f"store {self.path} has format version {hdr.get('version')}; "
-                                    f"this tcc reads version {FORMAT['version']}: upgrade tcc")
+                                    f"this tcc reads versions 1 to {FORMAT['version']}: upgrade tcc")
+        self.sealer = self.sealer.with_chunk_hash(chunk_hash)
         if hdr.get("check") != self.sealer.check_tag(str(hdr.get("store_id")).encode()).hex():
             raise StoreCorruptError(f"the secret file of store {self.path} does not belong to it; "
                                     "restore the original secret file")
