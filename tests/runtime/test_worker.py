@@ -167,3 +167,15 @@ def test_worker_backs_off_a_run_whose_resume_keeps_failing(tmp_path):
         worker.backoff[run.run_id] = (5000, 0.0)  # a run that has failed for days (review
         worker._finished(run.run_id, 2)           # finding: 2 ** 1024 overflowed a float)
         assert worker.backoff[run.run_id][0] == 5001 and "next try in 300 s" in logs[-1], logs[-1]
+
+
+def test_worker_says_when_it_created_the_store(tmp_path: Path) -> None:
+    """A worker pointed at a path with no store (a typo in --store) creates an empty one, as
+    a worker started before any run must, but says so on stderr instead of polling an
+    empty store in silence (review finding); an existing store gets no such notice."""
+    cli = Cli(tmp_path)
+    typo = tmp_path / "stroe"
+    first = cli.run("worker", "--once", "--store", str(typo), check=True)
+    assert f"there was no store at {typo}" in first.stderr and "--store" in first.stderr
+    again = cli.run("worker", "--once", "--store", str(typo), check=True)
+    assert "there was no store" not in again.stderr

@@ -319,8 +319,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .. import runtime
+    from ..store import default_path
 
+    path = os.path.abspath(args.store) if args.store else default_path()
+    new = not os.path.exists(os.path.join(path, "data.mdb"))
     with _open(args, create=True) as store:
+        if new:  # a worker may start before any run, but a mistyped path should not pass unseen
+            print(f"tcc worker: there was no store at {path}, so an empty one was created; "
+                  "waiting for runs there (if you expected runs, check --store and $TCC_STORE)",
+                  file=sys.stderr, flush=True)
         worker = runtime.Worker(
             store, concurrency=args.concurrency, poll=args.poll,
             log=lambda msg: print(msg, file=sys.stderr, flush=True),
