@@ -105,3 +105,26 @@ def test_sigterm_inside_a_child_stops_the_parent_without_failing_its_spawn(tmp_p
     done = json.loads(Cli(tmp_path).run("resume", "--json", "ps", check=True).stdout)
     assert done["status"] == "completed", done
     assert done["result"] == ["parent", [f"did step {i}" for i in range(6)]]
+
+
+def test_cancel_of_a_parent_cancels_its_waiting_child(tmp_path):
+    """Cancelling a parent also cancels the unfinished child it spawned: nothing would ever
+    resume a child whose parent is cancelled, so it waited for ever (review finding).  The
+    output names each child cancelled; a finished child is left as it was."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "pc", f"{WAIT}:parent_of_gated", check=True)
+    child = cli.show("pc")["children"][0]
+    assert cli.show(child)["status"] == "waiting"
+    doc = json.loads(cli.run("cancel", "--json", "pc", check=True).stdout)
+    assert doc["status"] == "cancelled" and doc["children"] == [{"id": child, "was": "waiting"}]
+    assert cli.show(child)["status"] == "cancelled"
+    idle = cli.run("worker", "--once", check=True)
+    assert "resuming" not in idle.stderr, idle.stderr
+    cli.run("run", "--run-id", "pe", f"{WAIT}:parent_of_gated", check=True)
+    kid = cli.show("pe")["children"][0]
+    cli.run("approve", kid, check=True)
+    cli.run("worker", "--once", check=True)  # the child finishes; the parent waits for the next poll
+    assert (cli.show(kid)["status"], cli.show("pe")["status"]) == ("completed", "waiting")
+    text = cli.run("cancel", "pe", check=True)
+    assert "cancelled run pe" in text.stdout and "child run" not in text.stdout, text.stdout
+    assert cli.show(kid)["status"] == "completed"

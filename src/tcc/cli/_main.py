@@ -15,7 +15,7 @@ import warnings
 from typing import Any, Sequence
 
 from .. import _version
-from ..errors import FencedError, TccError, UsageError
+from ..errors import FencedError, RunNotFoundError, TccError, UsageError
 from . import _render
 
 
@@ -182,8 +182,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     with _open(args, create=True) as store:
         if args.run_id:
-            from ..errors import RunNotFoundError
-
             try:
                 existing = store.get_run(args.run_id)
             except RunNotFoundError:
@@ -282,8 +280,34 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         except FencedError:
             status = store.get_run(args.run_id).status
             raise UsageError(f"run {args.run_id} is already {status}; there is nothing to cancel") from None
-        _render.cancelled(run, before, as_json=args.json)
+        children = _cancel_children(store, args.run_id, args.reason)
+        _render.cancelled(run, before, children, as_json=args.json)
     return 0
+
+
+def _cancel_children(store: Any, run_id: str, reason: str | None) -> list[tuple[str, str]]:
+    """Cancel the unfinished runs ``run_id`` spawned (``tcc.spawn``), theirs too, and return
+    ``(child id, status it had)`` for each one cancelled: nothing would resume a child whose
+    parent is cancelled, so a waiting child would otherwise wait for ever (review finding)."""
+    done: list[tuple[str, str]] = []
+    todo = [run_id]
+    seen = {run_id}
+    while todo:
+        parent = todo.pop(0)
+        for event in store.events(parent):
+            child = dict(event.data).get("child") if event.kind == "spawned" else None
+            if not isinstance(child, str) or child in seen:
+                continue
+            seen.add(child)
+            todo.append(child)
+            try:
+                status = store.get_run(child).status
+                if status in ("running", "waiting", "sleeping"):  # a failed one stays as it is
+                    store.cancel_run(child, reason=reason or f"its parent run {run_id} was cancelled")
+                    done.append((child, status))
+            except (FencedError, RunNotFoundError):  # finished or removed meanwhile
+                continue
+    return done
 
 
 def _cmd_fork(args: argparse.Namespace) -> int:

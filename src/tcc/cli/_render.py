@@ -125,12 +125,15 @@ def delivered(run_id: str, wait_id: str, *, as_json: bool) -> None:
         print(f"delivered {wait_id} to run {run_id}")
 
 
-def cancelled(run: Any, before: Any, *, as_json: bool) -> None:
+def cancelled(run: Any, before: Any, children: list[tuple[str, str]], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"id": run.run_id, "status": run.status, "was": before.status,
-                          "epoch": run.epoch}))
+                          "epoch": run.epoch,
+                          "children": [{"id": c, "was": was} for c, was in children]}))
     else:
         print(f"cancelled run {run.run_id} (it was {before.status}; epoch {run.epoch})")
+        for child, was in children:
+            print(f"cancelled its child run {child} (it was {was})")
 
 
 def pending_waits(store: Any, run_id: str) -> list[dict[str, Any]]:
