@@ -329,3 +329,35 @@ def test_missing_store_message_names_the_cli_remedy(tmp_path):
     proc = Cli(tmp_path / "none").run("ls")
     assert proc.returncode == 1, proc.stderr
     assert "nothing was stored there yet" in proc.stderr and "--store" in proc.stderr
+
+
+@pytest.mark.parametrize("code, status, rc", [(4, "failed", 1), (0, "completed", 0), (None, "completed", 0)])
+def test_sys_exit_inside_the_agent_ends_the_run(tmp_path, code, status, rc):
+    """An agent that calls sys.exit() ends its run as a script would: a code of 0 or None
+    completes it, any other code fails it with a message naming the call (review finding:
+    the process exited with the code and left the run `running`, so every takeover by the
+    worker called sys.exit again)."""
+    script = tmp_path / "quits.py"
+    script.write_text("import sys\n\nasync def main():\n"
+                      f"    sys.exit({code!r})\n")
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--run-id", "q", str(script))
+    assert proc.returncode == rc, proc.stderr
+    shown = cli.show("q")
+    assert shown["status"] == status
+    if status == "failed":
+        assert "the agent called sys.exit(4)" in shown["error"]
+        assert "the agent called sys.exit(4)" in proc.stderr
+    assert "resuming" not in cli.run("worker", "--once", check=True).stderr
+
+
+def test_sys_exit_while_the_script_is_imported_is_a_clear_error(tmp_path):
+    """A script that calls sys.exit() at import time is reported in one line, and no run is
+    created (review finding: tcc exited with the script's code and said nothing)."""
+    script = tmp_path / "early.py"
+    script.write_text("import sys\nsys.exit(3)\n\nasync def main():\n    return 1\n")
+    cli = Cli(tmp_path)
+    proc = cli.run("run", str(script))
+    assert proc.returncode == 1
+    assert f"script {script} called sys.exit(3) while it was imported" in proc.stderr
+    assert json.loads(cli.run("ls", "--json").stdout or "[]") == []

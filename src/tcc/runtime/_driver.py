@@ -252,6 +252,14 @@ class Driver:
                     raise
                 except Exception as exc:  # the agent itself failed
                     return self._finish("failed", exc=_explain_agent_error(exc))
+                except SystemExit as exc:  # the agent called sys.exit(): the run ends, as a
+                    # script would (review finding: the run stayed `running`, and every
+                    # takeover by the worker called sys.exit again)
+                    if exc.code is None or exc.code == 0:
+                        return self._finish("completed", result=None)
+                    failed = RuntimeError(f"the agent called sys.exit({exc.code!r})")
+                    failed.__cause__ = exc
+                    return self._finish("failed", exc=failed)
                 try:
                     pending = self._handle(coro, request)
                 except _Parked as parked:

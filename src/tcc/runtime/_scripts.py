@@ -75,6 +75,12 @@ def _load_script(path: str) -> types.ModuleType:
         raise errors.ScriptImportError(
             f"script {path} failed to import: {type(exc).__name__}: {exc}"
         ) from exc
+    except SystemExit as exc:  # said in one line, not a silent exit with the script's code
+        del sys.modules[name]
+        raise errors.ScriptImportError(
+            f"script {path} called sys.exit({exc.code!r}) while it was imported; tcc imports "
+            "the script to find its entry function, so keep module-level code free of exits"
+        ) from exc
     except BaseException:
         del sys.modules[name]
         raise
