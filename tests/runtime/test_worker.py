@@ -179,3 +179,25 @@ def test_worker_says_when_it_created_the_store(tmp_path: Path) -> None:
     assert f"there was no store at {typo}" in first.stderr and "--store" in first.stderr
     again = cli.run("worker", "--once", "--store", str(typo), check=True)
     assert "there was no store" not in again.stderr
+
+
+def test_show_says_when_a_running_runs_owner_is_gone(tmp_path: Path) -> None:
+    """`tcc show` of a run whose owner was killed says the owner is gone and what takes the
+    run over (review finding: it showed `running` with the dead owner as if it were alive);
+    while the owner lives it says nothing of the kind."""
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.2", STEPS="50")
+    owner = cli.popen("run", "--run-id", "g", LEDGER_AGENT)
+    try:
+        while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
+            time.sleep(0.05)
+        live = cli.show("g")
+        assert (live["status"], live["owner_alive"]) == ("running", True)
+        assert "gone" not in cli.run("show", "g", check=True).stdout
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.communicate()
+    dead = cli.show("g")
+    assert (dead["status"], dead["owner_alive"]) == ("running", False)
+    text = cli.run("show", "g", check=True).stdout
+    assert f"owner {dead['owner']}  (gone: `tcc resume` or a worker takes the run over)" in text

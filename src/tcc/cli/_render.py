@@ -142,6 +142,15 @@ def pending_waits(store: Any, run_id: str) -> list[dict[str, Any]]:
     return waits(store, run_id)
 
 
+def owner_alive(run: Any) -> bool:
+    """Whether the owner of a running run still holds it, as the worker judges it."""
+    import time
+
+    from ..runtime._worker import owner_dead
+
+    return not owner_dead(run, time.time())
+
+
 def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     run = store.get_run(run_id)
     journal = store.journal(run_id)
@@ -166,6 +175,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "checkpoints": checkpoints,
         "epoch": run.epoch,
         "owner": f"{run.owner_host}:{run.owner_pid}",
+        # for a running run: whether its owner still holds it (False: its process is gone
+        # from this host or its lease ran out, so a resume or the worker takes it over)
+        "owner_alive": owner_alive(run) if run.status == "running" else None,
         "created": run.created,
         "updated": run.updated,
         "waits": pending_waits(store, run_id),
@@ -180,7 +192,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         return
     print(f"run {doc['id']}  [{doc['status']}]")
     print(f"  entry      {doc['entry']} {' '.join(map(str, doc['args']))}")
-    print(f"  strategy   {doc['strategy']}   epoch {doc['epoch']}   owner {doc['owner']}")
+    gone = ("  (gone: `tcc resume` or a worker takes the run over)"
+            if doc["owner_alive"] is False else "")
+    print(f"  strategy   {doc['strategy']}   epoch {doc['epoch']}   owner {doc['owner']}{gone}")
     print(f"  created    {_when(run.created)}   updated {_when(run.updated)}")
     print(f"  effects    {doc['effects']}   checkpoints {doc['checkpoints']}   "
           f"snapshots kept {len(snapshots)}")

@@ -72,7 +72,9 @@ def awaited_child(store: Store, run_id: str) -> str | None:
     return child if isinstance(child, str) else None
 
 
-def _owner_dead(run: RunInfo, now: float) -> bool:
+def owner_dead(run: RunInfo, now: float) -> bool:
+    """Whether the owner of a running run has let go of it: its lease ran out, or its
+    process is gone from this host."""
     if run.lease_expiry <= now:
         return True
     if run.owner_host == HOST:
@@ -83,7 +85,7 @@ def _owner_dead(run: RunInfo, now: float) -> bool:
 def due(store: Store, run: RunInfo, now: float) -> str | None:
     """Why the worker should resume ``run`` now, or None."""
     if run.status == "running":
-        return "owner dead" if _owner_dead(run, now) else None
+        return "owner dead" if owner_dead(run, now) else None
     if run.status == "sleeping":
         until = wake_time(store, run.run_id)
         return "timer due" if until is None or until <= now else None
