@@ -161,3 +161,15 @@ def test_registered_reducer_rebuilds_a_refused_object():
     assert conn.lock.acquire(blocking=False)
     task.close()
     restored.close()
+
+
+@pytest.mark.parametrize("cls, reducer, needle", [
+    ("not a class", lambda o: (str, ()), "needs a class"),
+    (threading.Thread, "not callable", "needs a function taking the object"),
+    (threading.Thread, None, "needs a function taking the object"),
+])
+def test_register_reducer_refuses_misuse_at_once(cls, reducer, needle):
+    """A reducer that is not callable (or a non-class) is refused when it is registered, not at
+    some later capture far from the mistake (review finding: it was accepted)."""
+    with pytest.raises(TypeError, match=needle):
+        tcc.register_reducer(cls, reducer)

@@ -57,6 +57,9 @@ def register_reducer(cls: type, reducer: Callable[[Any], Reduce]) -> None:
     """
     if not isinstance(cls, type):
         raise TypeError(f"register_reducer() needs a class, not {cls!r}")
+    if not callable(reducer):  # found at the next capture otherwise, far from the mistake
+        raise TypeError(f"register_reducer({cls.__qualname__}, ...) needs a function taking the "
+                        f"object and returning a __reduce__ tuple, not {reducer!r}")
     _REGISTRY[cls] = reducer
     _KIND_CACHE.clear()
 
