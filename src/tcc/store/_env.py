@@ -484,7 +484,7 @@ class EnvHandle:
                 fcntl.flock(self._lockfd, fcntl.LOCK_SH)  # (a failed conversion may drop it)
                 raise StoreError(
                     f"store {self.path} has format version {hdr.get('version')} and this tcc "
-                    f"upgrades it to version {FORMAT['version']} when it is open in no other "
+                    "upgrades it to version 3 when it is open in no other "
                     "process: stop the other tcc processes using it (they may run an older "
                     "tcc) and try again") from None
             self.sealer = self.sealer.with_chunk_hash(_CHUNK_HASH[3])  # its chunks stay BLAKE2b
