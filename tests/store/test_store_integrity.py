@@ -513,7 +513,8 @@ def test_signal_record_moved_away_is_reported(store_path: str) -> None:
 
 def test_gc_leaves_a_damaged_run_alone_and_says_so(store_path: str) -> None:
     """gc applies retention to intact runs and skips one whose snapshot index disagrees with
-    its records (deleting there could lose more), with a warning naming the run."""
+    its records (deleting there could lose more), with a warning naming the run.  The moved
+    record no longer verifies at its new key, so the sweep frees no chunk either, and says so."""
     from tcc.store._env import StoreDamageWarning
 
     _make(store_path, n=3)
@@ -524,9 +525,12 @@ def test_gc_leaves_a_damaged_run_alone_and_says_so(store_path: str) -> None:
     second = [k for k in _snap_keys(store_path) if k.startswith(b"default\x00r\x00")][1]
     _move(store_path, second, second[:-11] + b"\xfe" + second[-10:])
     with open_store(store_path, keep=1) as s:
-        with pytest.warns(StoreDamageWarning, match="snapshot 2 of run 'r' is missing"):
+        with pytest.warns(StoreDamageWarning) as caught:
             stats = s.gc()
-        assert stats.snapshots_deleted == 2  # o's 2 and 3; r is left as it was
+        said = [str(w.message) for w in caught]
+        assert any("snapshot 2 of run 'r' is missing" in m for m in said), said
+        assert any("1 snapshot(s) fail verification, so gc deleted no chunk" in m for m in said), said
+        assert stats.snapshots_deleted == 2 and stats.chunks_deleted == 0  # o's 2 and 3
         assert [i.number for i in s.snapshots("o")] == [4]
         assert [(i.number, i.damaged) for i in s.snapshots("r")] == [(1, False), (2, True), (3, False)]
 
@@ -599,3 +603,63 @@ def test_meta_txnid_that_looks_newer_is_refused(store_path: str) -> None:
     mdb.write_bytes(bytes(data))
     with pytest.raises(StoreCorruptError, match="which are not consecutive"):
         open_store(store_path)
+
+
+def test_gc_frees_no_chunk_while_a_snapshot_fails_verification(store_path: str) -> None:
+    """While a snapshot record fails verification, gc deletes no chunk and says why: the chunks
+    it references cannot be known, and damage that is undone (the record restored) must find
+    them there (review finding: gc deleted them, so restoring the record did not help)."""
+    from tcc.store._env import StoreDamageWarning
+
+    _make(store_path, n=1, size=400_000)
+    key = _snap_keys(store_path)[0]
+    good = _edit_get(store_path, b"snaps", key)
+    bad = bytes([good[0] ^ 0x01]) + good[1:]  # a flipped bit in the MAC
+    _edit(store_path, b"snaps", lambda txn, dbi: txn.put(key, bad, db=dbi))
+    with open_store(store_path) as s:
+        with pytest.warns(StoreDamageWarning, match=r"1 snapshot\(s\) fail verification, so gc "
+                                                    "deleted no chunk"):
+            assert s.gc().chunks_deleted == 0
+    _edit(store_path, b"snaps", lambda txn, dbi: txn.put(key, good, db=dbi))
+    with open_store(store_path) as s:
+        assert s.load_snapshot("r") == payload(0, 400_000)
+
+
+def test_a_stray_key_in_the_chunk_database_does_not_reuse_chunk_ids(store_path: str) -> None:
+    """A key that is not a chunk key and sorts last (only damage puts one there) is stepped
+    over when new chunk ids are chosen, and new chunks are not appended above it (review
+    finding: a short key read as id 1, the next checkpoint reused ids of another run's chunks
+    and overwrote them, and that run's snapshot failed verification)."""
+    with open_store(store_path) as s:
+        a = s.create_run("e", run_id="a")
+        b = s.create_run("e", run_id="b")
+        s.checkpoint("a", a.epoch, payload(1, 60_000))
+        s.checkpoint("b", b.epoch, payload(2, 60_000))
+    _edit(store_path, b"chunks", lambda txn, dbi: txn.put(b"\x01", b"stray", db=dbi))
+    with open_store(store_path) as s:
+        s.checkpoint("b", b.epoch, payload(3, 60_000))
+        assert s.load_snapshot("a") == payload(1, 60_000)
+        assert s.load_snapshot("b") == payload(3, 60_000)
+        assert s.load_snapshot("b", 1) == payload(2, 60_000)
+
+
+def test_releases_decrement_shared_chunks_and_delete_the_last_holder(store_path: str) -> None:
+    """Chunks a run stops holding are decremented through one cursor: a chunk a fork still
+    holds keeps its data (count 2 -> 1), one nobody holds is deleted with its count, and a
+    chunk whose count record damage removed is deleted without error."""
+    with open_store(store_path, keep=1) as s:
+        run = s.create_run("e", run_id="r")
+        s.checkpoint("r", run.epoch, payload(1, 60_000))
+        s.fork_run("r", 1, new_run_id="f")
+        for i in range(2, 2 + 200):  # enough commits to flush the pending releases
+            s.checkpoint("r", run.epoch, payload(i, 60_000))
+        assert s.load_snapshot("f") == payload(1, 60_000)  # its chunks outlived r's releases
+        assert s.gc().chunks_deleted == 0  # and every count stayed exact
+        s.delete_run("f")
+        assert s.gc().chunks_deleted == 0
+    refs = [k for k in _keys(store_path, b"chunks") if k.endswith(b"r")]
+    _edit(store_path, b"chunks", lambda txn, dbi: txn.delete(refs[-1], db=dbi))
+    with open_store(store_path, keep=1) as s:
+        for i in range(300, 300 + 200):
+            s.checkpoint("r", run.epoch, payload(i, 60_000))
+        assert s.load_snapshot("r") == payload(299 + 200, 60_000)

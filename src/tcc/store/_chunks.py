@@ -198,7 +198,7 @@ def split(
         if not a:
             # Re-cut near the end (where FastCDC's cuts depend on the remaining
             # length) or after an edit: the same cut over the same bytes keeps
-            # its address, checked with memcmp instead of BLAKE2b.
+            # its address, checked with memcmp instead of hashing it again.
             for sh in shifts:
                 j = starts.get(o - sh)
                 if j is not None and old_cuts[j][1] == n and data.startswith(

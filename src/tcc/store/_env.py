@@ -47,6 +47,15 @@ DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins"
 FORMAT: dict[str, Any] = {"magic": "tcc-store", "version": 4}
 _UPGRADABLE = (1, 2)
 _CHUNK_HASH = {3: "blake2b", 4: "blake3"}  # format version -> chunk address hash
+
+
+def _check_label(store_id: str, version: int) -> bytes:
+    """What the header's ``check`` MAC covers: the store id and, from format 4 on, the
+    version (which selects the chunk hash), so a version changed by damage is refused at
+    open instead of failing every chunk (and letting gc count none of them)."""
+    if version <= 3:
+        return store_id.encode()
+    return f"{store_id} format {version} chunk hash {_CHUNK_HASH[version]}".encode()
 LOCK_NAME = "tcc.lock"
 # Created once the store's format header is committed: from then on a missing
 # or empty data.mdb means lost records, not a store still being created.
@@ -462,8 +471,8 @@ class EnvHandle:
             if txn.stat(self.dbs["runs"])["entries"] or txn.stat(self.dbs["snaps"])["entries"]:
                 raise StoreCorruptError(f"store {self.path} has records but no format header")
             store_id = os.urandom(16).hex()
-            hdr = {**FORMAT, "store_id": store_id,
-                   "check": self.sealer.check_tag(store_id.encode()).hex(), "created": time.time()}
+            hdr = {**FORMAT, "store_id": store_id, "created": time.time(),
+                   "check": self.sealer.check_tag(_check_label(store_id, FORMAT["version"])).hex()}
             txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
             self.sealer = self.sealer.with_chunk_hash(_CHUNK_HASH[FORMAT["version"]])
             return
@@ -492,13 +501,21 @@ class EnvHandle:
             hdr["version"] = 3
             txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
             self._downgrade_lock = True
-        version = hdr.get("version")
+        version: Any = hdr.get("version")
         chunk_hash = _CHUNK_HASH.get(version) if type(version) is int else None
         if chunk_hash is None:
             raise StoreCorruptError(f"store {self.path} has format version {hdr.get('version')}; "
                                     f"this tcc reads versions 1 to {FORMAT['version']}: upgrade tcc")
         self.sealer = self.sealer.with_chunk_hash(chunk_hash)
-        if hdr.get("check") != self.sealer.check_tag(str(hdr.get("store_id")).encode()).hex():
+        store_id = str(hdr.get("store_id"))
+        if hdr.get("check") != self.sealer.check_tag(_check_label(store_id, version)).hex():
+            written = [v for v in _CHUNK_HASH if v != version and hdr.get("check")
+                       == self.sealer.check_tag(_check_label(store_id, v)).hex()]
+            if written:  # the version picks the chunk hash: reading on would fail every chunk
+                raise StoreCorruptError(
+                    f"store {self.path}: its format header says version {version} but the store "
+                    f"was written as version {written[0]} (damage changed the header); restore "
+                    "the store from a backup")
             raise StoreCorruptError(f"the secret file of store {self.path} does not belong to it; "
                                     "restore the original secret file")
 

@@ -303,6 +303,7 @@ class Maintenance(StoreCore):
         tp = self._t + b"\x00"
 
         damaged: list[str] = []
+        unreadable = [0]  # snapshots that fail verification, from the sweep
 
         def op(txn: Any) -> GcStats:
             dropped = 0
@@ -318,13 +319,19 @@ class Maintenance(StoreCore):
                     damaged.append(str(exc))
                     continue
                 dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)[0]
-            deleted, repaired = sweep(txn, dbs, self._held)
+            deleted, repaired, unreadable[0] = sweep(txn, dbs, self._held)
             return GcStats(snapshots_deleted=dropped, chunks_deleted=deleted,
                            refs_repaired=repaired)
 
         stats = self._write(op)
         for why in damaged:
             warnings.warn(f"gc left a damaged run as it is: {why}", StoreDamageWarning, stacklevel=2)
+        if unreadable[0]:
+            warnings.warn(
+                f"store {self.path}: {unreadable[0]} snapshot(s) fail verification, so gc deleted "
+                "no chunk (the chunks they reference cannot be known); restore the store from a "
+                "backup, or delete the damaged runs, to let gc free space again",
+                StoreDamageWarning, stacklevel=2)
         size = self._h.file_size()
         return GcStats(stats.snapshots_deleted, stats.chunks_deleted, stats.refs_repaired,
                        size, size)

@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._chunks import decode_chunk, parse_entries
+from ..errors import StoreCorruptError
 from ._codec import Corrupt, Sealer, u64
 
 __all__ = [
@@ -141,10 +142,37 @@ def unpack_ids(blob: bytes) -> list[int]:
     return out
 
 
+def _chunk_key_id(key: bytes) -> int | None:
+    """The id of a well-formed chunk key (``u64 + b"d"`` or ``b"r"``), else None."""
+    if len(key) == 9 and key[8:] in (b"d", b"r"):
+        return int.from_bytes(key[:8], "big")
+    return None
+
+
 def next_chunk_id(txn: Any, db: Any) -> int:
-    """One more than the highest chunk id in use."""
+    """One more than the highest chunk id in use.
+
+    Keys that are not chunk keys (only damage puts them there) are stepped
+    over: a short key sorting last read as a small id, and new chunks took ids
+    already in use (review finding).
+    """
     cur = txn.cursor(db=db)
-    return int.from_bytes(cur.key()[:8], "big") + 1 if cur.last() else 1
+    found = cur.last()
+    while found:
+        cid = _chunk_key_id(bytes(cur.key()))
+        if cid is not None:
+            return cid + 1
+        found = cur.prev()
+    return 1
+
+
+def _appendable(txn: Any, db: Any, first: int) -> bool:
+    """Whether every key for ids ``first`` and up sorts after every stored key."""
+    cur = txn.cursor(db=db)
+    if not cur.last():
+        return True
+    cid = _chunk_key_id(bytes(cur.key()))
+    return cid is not None and cid < first
 
 
 def iter_prefix(txn: Any, db: Any, pfx: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -194,18 +222,21 @@ def snap_rows(txn: Any, db: Any, pfx: bytes) -> list[SnapRow]:
 
 class Held:
     """What one snapshot references: chunk ids, its address -> id map for dedup,
-    and the ids its record lists as pending release."""
+    and the ids its record lists as pending release.  ``whole`` is False when the
+    record or one of its group nodes failed verification: then the ids are only
+    those that could be read."""
 
-    __slots__ = ("ids", "by_addr", "pending")
+    __slots__ = ("ids", "by_addr", "pending", "whole")
 
     def __init__(self, ids: frozenset[int], by_addr: dict[bytes, int],
-                 pending: frozenset[int] = frozenset()) -> None:
+                 pending: frozenset[int] = frozenset(), whole: bool = True) -> None:
         self.ids = ids
         self.by_addr = by_addr
         self.pending = pending
+        self.whole = whole
 
 
-_EMPTY = Held(frozenset(), {})
+_UNREADABLE = Held(frozenset(), {}, whole=False)
 
 
 class HeldCache:
@@ -230,7 +261,7 @@ class HeldCache:
             top = parse_entries(blobs.get("m", b""))
             pending = frozenset(unpack_ids(blobs.get("r", b"")))
         except (Corrupt, ValueError, KeyError):
-            return _EMPTY
+            return _UNREADABLE
         level = top
         for _ in range(int(hdr.get("g", 0))):
             below: list[tuple[int, bytes, int]] = []
@@ -246,7 +277,7 @@ class HeldCache:
             level = below
         for cid, addr, _ in level:
             by_addr[addr] = cid
-        result = Held(frozenset(by_addr.values()), by_addr, pending)
+        result = Held(frozenset(by_addr.values()), by_addr, pending, ok)
         if ok:
             self._cache[tag] = result
             if len(self._cache) > self._size:
@@ -306,6 +337,8 @@ def apply_diff(
     added = sorted(after - before)
     fresh: list[tuple[bytes, bytes]] = []
     one = _REF.pack(1)
+    if fresh_from is not None and not _appendable(txn, db, fresh_from):
+        fresh_from = None  # damage left a key above them: the ordinary way, key by key
     for cid in added:
         if fresh_from is not None and cid >= fresh_from:
             data = stored_form(cid)
@@ -325,39 +358,48 @@ def apply_diff(
             txn.put(data_key(cid), data, db=db)
         txn.put(_ref_key(cid), one, db=db)
     if fresh:
-        # MDB_APPEND skips the search (and fills pages instead of splitting them
-        # in half); it adds nothing for a key that is not above every stored one,
-        # which only damage can cause: those are then written the ordinary way
+        # MDB_APPEND skips the search (and fills pages instead of splitting them in
+        # half).  The keys are above every stored key (checked above), so it adds
+        # them all; it would skip, not overwrite, a key that was not.
         _, n = txn.cursor(db=db).putmulti(fresh, append=True)
         if n != len(fresh):
-            for key, value in fresh:
-                txn.put(key, value, db=db)
+            raise StoreCorruptError(  # aborts the transaction: nothing is written
+                f"{len(fresh) - n} new chunk keys did not sort above the stored ones; "
+                "restore the store from a backup")
     cur = txn.cursor(db=db)  # consecutive ids share pages: a positioned cursor skips the search
     for cid in sorted(before - after):
         rkey = _ref_key(cid)
-        count = _REF.unpack(cur.value())[0] if cur.set_key(rkey) else 0
-        if count > 1:
-            cur.put(rkey, _REF.pack(count - 1))
-            continue
-        if count:
+        if cur.set_key(rkey):
+            count = _REF.unpack(cur.value())[0]
+            if count > 1:
+                cur.put(rkey, _REF.pack(count - 1))
+                continue
             cur.delete()
         if cur.set_key(data_key(cid)):
             cur.delete()
 
 
-def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
+def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int, int]:
     """Recompute every reference count from all manifests (all tenants).
 
     Deletes chunks nothing references and repairs wrong counts.  Returns
-    ``(chunks_deleted, refs_repaired)``.
+    ``(chunks_deleted, refs_repaired, unreadable)``: ``unreadable`` counts the
+    snapshot records that (or whose group nodes) failed verification.  While
+    there is one, nothing is deleted and no count is lowered: the chunks it
+    references cannot be known, and damage that can be undone (a restored
+    record, a format header set back) must find them still there (review
+    finding: a header whose version damage changed made every group node fail,
+    and gc deleted every chunk below them).
     """
     per_run: dict[bytes, set[int]] = {}
     newest: dict[bytes, Held] = {}
+    unreadable = 0
     for key, value in iter_prefix(txn, dbs["snaps"], b""):
         if is_head_key("snaps", key):
             continue
         run = bytes(key[:-8])
         held = cache.held(txn, dbs, key, value)
+        unreadable += not held.whole
         per_run.setdefault(run, set()).update(held.ids)
         newest[run] = held  # keys are in order: the last one seen is the newest
     for run, held in newest.items():
@@ -378,10 +420,14 @@ def sweep(txn: Any, dbs: dict[str, Any], cache: HeldCache) -> tuple[int, int]:
     for cid, count in present.items():
         want = truth.get(cid)
         if want is None:
+            if unreadable:
+                continue
             txn.delete(_ref_key(cid), db=db)
             if txn.delete(data_key(cid), db=db):
                 deleted += 1
         elif count != want and txn.get(data_key(cid), db=db) is not None:
+            if unreadable and count is not None and count > want:
+                continue
             txn.put(_ref_key(cid), _REF.pack(want), db=db)
             repaired += 1
-    return deleted, repaired
+    return deleted, repaired, unreadable
