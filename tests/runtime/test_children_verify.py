@@ -128,3 +128,21 @@ def test_cancel_of_a_parent_cancels_its_waiting_child(tmp_path):
     text = cli.run("cancel", "pe", check=True)
     assert "cancelled run pe" in text.stdout and "child run" not in text.stdout, text.stdout
     assert cli.show(kid)["status"] == "completed"
+
+
+def test_a_child_spawned_after_its_parent_was_cancelled_is_cancelled_too(tmp_path):
+    """If `tcc cancel` of the parent commits while the parent is spawning (after the cancel
+    listed the parent's children), the spawn cancels the new child itself and stops the
+    parent, so no child is left waiting for ever (review finding)."""
+    import pytest
+
+    from tcc import errors, runtime
+    from tcc.store import open_store
+
+    with open_store(tmp_path / "store") as store:
+        parent = store.create_run(f"{WAIT}:parent_of_gated", b"[]", run_id="pp")
+        store.cancel_run("pp", reason="test")
+        with pytest.raises(errors.FencedError, match="was cancelled while it spawned child run 'pp.1'"):
+            runtime.start(store, f"{WAIT}:gated_child", ["3"], run_id="pp.1", parent="pp")
+        assert store.get_run("pp.1").status == "cancelled"
+        assert store.get_run(parent.run_id).status == "cancelled"

@@ -351,6 +351,23 @@ def test_sys_exit_inside_the_agent_ends_the_run(tmp_path, code, status, rc):
     assert "resuming" not in cli.run("worker", "--once", check=True).stderr
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_sys_exit_inside_an_effect_ends_the_run(tmp_path, kind):
+    """sys.exit() inside a sync (thread) or async effect ends the run the same way (review
+    finding: only the agent's own code was covered, and the worker re-ran the effect)."""
+    script = tmp_path / "effect_quits.py"
+    script.write_text("import sys\nimport tcc\n\n@tcc.effect\ndef quit_now(n):\n    sys.exit(n)\n\n"
+                      "@tcc.effect\nasync def aquit(n):\n    sys.exit(n)\n\n"
+                      "async def main(kind):\n"
+                      "    await (quit_now(5) if kind == 'sync' else aquit(5))\n    return 'after'\n")
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--run-id", "e", str(script), kind)
+    assert proc.returncode == 1, proc.stderr
+    shown = cli.show("e")
+    assert shown["status"] == "failed" and "an effect of the agent called sys.exit(5)" in shown["error"]
+    assert "resuming" not in cli.run("worker", "--once", check=True).stderr
+
+
 def test_sys_exit_while_the_script_is_imported_is_a_clear_error(tmp_path):
     """A script that calls sys.exit() at import time is reported in one line, and no run is
     created (review finding: tcc exited with the script's code and said nothing)."""

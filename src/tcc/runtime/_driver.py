@@ -243,6 +243,8 @@ class Driver:
                         pending = self._handle(coro, pending[1])
                     except _Parked as parked:
                         return self._parked(parked)
+                    except SystemExit as exc:
+                        return self._exited(exc, "an effect of the agent")
                     continue
                 try:
                     request = self._step(coro, pending)
@@ -252,18 +254,14 @@ class Driver:
                     raise
                 except Exception as exc:  # the agent itself failed
                     return self._finish("failed", exc=_explain_agent_error(exc))
-                except SystemExit as exc:  # the agent called sys.exit(): the run ends, as a
-                    # script would (review finding: the run stayed `running`, and every
-                    # takeover by the worker called sys.exit again)
-                    if exc.code is None or exc.code == 0:
-                        return self._finish("completed", result=None)
-                    failed = RuntimeError(f"the agent called sys.exit({exc.code!r})")
-                    failed.__cause__ = exc
-                    return self._finish("failed", exc=failed)
+                except SystemExit as exc:
+                    return self._exited(exc, "the agent")
                 try:
                     pending = self._handle(coro, request)
                 except _Parked as parked:
                     return self._parked(parked)
+                except SystemExit as exc:
+                    return self._exited(exc, "an effect of the agent")
                 if replaying and not self._replay:
                     replaying = False
                     self._caught_up(coro, pending)
@@ -275,6 +273,16 @@ class Driver:
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()
             heartbeat.join(timeout=5)
+
+    def _exited(self, exc: SystemExit, who: str) -> Outcome:
+        """``who`` called sys.exit(): the run ends as a script would, completed for a code
+        of 0 or None, else failed (review finding: the process exited and left the run
+        `running`, and every takeover by the worker called sys.exit again)."""
+        if exc.code is None or exc.code == 0:
+            return self._finish("completed", result=None)
+        failed = RuntimeError(f"{who} called sys.exit({exc.code!r})")
+        failed.__cause__ = exc
+        return self._finish("failed", exc=failed)
 
     def _step(self, coro: Any, pending: Pending) -> Any:
         token = _context.set_current(_context.Current(self.run_id))

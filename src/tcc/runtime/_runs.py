@@ -194,6 +194,13 @@ def start(
     if parent is not None:
         info["parent"] = parent
         store.add_event(parent, "spawned", {"child": run.run_id, "entry": entry})
+        if store.get_run(parent).status == "cancelled":
+            # `tcc cancel` of the parent read its children before this one was listed: cancel
+            # it here, or it would wait for ever (review finding)
+            store.cancel_run(run.run_id, reason=f"its parent run {parent} was cancelled")
+            raise errors.FencedError(
+                f"run {parent!r} was cancelled while it spawned child run {run.run_id!r}; the "
+                "child was cancelled too and nothing more was written")
     store.add_event(run.run_id, "started", info)
     coro = _make_coroutine(func, args, entry, run.run_id)
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,

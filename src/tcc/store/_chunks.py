@@ -88,7 +88,7 @@ class SplitMemo:
     (an insertion) -- the old chunks there are the chunks a full cut would
     produce, with the same addresses.  Such runs are found with ``memcmp``
     (``bytes.startswith`` on a memoryview: ~30 us per MiB) instead of running
-    the gear hash and BLAKE2b over them, and without a Python step per chunk.
+    the gear hash and the chunk hash over them, and without a Python step per chunk.
     Only chunks whose bytes really differ are cut and hashed.  The memo lives
     in memory only: an address reused from it was computed here over bytes
     just compared equal, never read back from disk.
