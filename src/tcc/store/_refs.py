@@ -36,7 +36,8 @@ list may name ids a later flush already decremented.
 A manifest that cannot be read (it was damaged) contributes only what is
 readable.  That can only leak chunks, never free one a readable snapshot
 needs; :func:`sweep` recomputes every count from the manifests and repairs
-such leaks.
+such leaks once no stored snapshot fails verification (until then it deletes
+nothing: what the damaged one references cannot be known).
 
 Each run with snapshots also has an *index* record in ``snaps``, under its
 prefix plus :data:`INDEX` (it sorts before the run's snapshot records, on the
