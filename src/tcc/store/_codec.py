@@ -192,6 +192,14 @@ class Sealer:
         h.update(body)
         return h.digest()
 
+    def mac(self, db: bytes, key: bytes, body: bytes) -> bytes:
+        """The record MAC of ``body`` stored under (db, key)."""
+        return self._mac(db, key, body)
+
+    def mac_ok(self, db: bytes, key: bytes, mac: bytes, body: bytes) -> bool:
+        """Whether ``mac`` is the record MAC of ``body`` under (db, key)."""
+        return hmac.compare_digest(mac, self._mac(db, key, body))
+
     def verifies(self, db: bytes, key: bytes, value: bytes) -> bool:
         """Whether ``value`` is a sealed record of (db, key): its MAC checks out."""
         if len(value) < RECORD_MIN:

@@ -33,6 +33,7 @@ from ..errors import (StoreCorruptError, StoreError, StoreFullError, StoreNotFou
 from ._codec import RECORD_MIN, SECRET_NAME, Corrupt, Sealer, load_or_create_secret
 from ._lmdbcheck import LmdbDamageError, check_data_file
 from ._refs import head_key, is_head_key, seal_head
+from ._verified import VERIFIED_NAME, Verdict
 
 __all__ = ["DBS", "EnvHandle", "acquire", "parse_size"]
 
@@ -64,7 +65,7 @@ INIT_MARK = "initialised"
 FULL_CHECK_MAX = 256 << 20
 # databases whose every value is a record sealed by _codec.Sealer
 _SEALED = ("runs", "journal", "snaps", "signals", "events")
-_OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME, INIT_MARK}
+_OWN_FILES = {"data.mdb", "lock.mdb", SECRET_NAME, LOCK_NAME, INIT_MARK, VERIFIED_NAME}
 DEFAULT_MAP_SIZE = 1 << 30
 DEFAULT_MAX_MAP_SIZE = 1 << 40
 
@@ -291,6 +292,7 @@ class EnvHandle:
         self._leader = False
         self._writes = 0
         self._last_reader_check = time.monotonic()
+        self.walked = False  # whether the last open walked data.mdb (tests and benchmarks ask)
         has_data = self._prepare_dir(create)
         try:
             self.sealer = Sealer(load_or_create_secret(path, create and not has_data))
@@ -302,6 +304,7 @@ class EnvHandle:
                 "its secret was lost and nothing in it can be verified; restore the secret file "
                 "from a backup or choose another path"
             ) from None
+        self.verdict = Verdict(path, self.sealer)
         try:
             self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:  # a read-only file system or directory
@@ -317,6 +320,7 @@ class EnvHandle:
             env = getattr(self, "env", None)
             if env is not None:
                 env.close()
+            self.verdict.close()
             os.close(self._lockfd)
             raise
         if not has_data:
@@ -418,26 +422,35 @@ class EnvHandle:
                 fcntl.flock(self._lockfd, fcntl.LOCK_SH)
                 self._downgrade_lock = False
         _mark_initialised(path)
+        self.verdict.record()  # the file as this open left it (after the walk, if it was trusted)
 
     def _check_structure(self, txn: Any) -> bool:
         """Verify data.mdb's page structure for ``txn``'s snapshot (False: look again).
 
         ``TCC_STORE_CHECK``: ``auto`` (default: a full walk up to
-        FULL_CHECK_MAX bytes, the cheap checks beyond), ``full``, ``quick`` or
-        ``off``.  Raises StoreCorruptError (and closes the environment) on damage.
+        FULL_CHECK_MAX bytes, the cheap checks beyond; no walk if the verdict
+        file vouches for the file as it is, see ``_verified``), ``full`` (walk
+        at every open), ``quick`` or ``off``.  Raises StoreCorruptError (and
+        closes the environment) on damage.
         """
         mode = os.environ.get("TCC_STORE_CHECK", "auto")
         if mode not in ("auto", "full", "quick", "off"):
             self.env.close()
             raise StoreError(f"TCC_STORE_CHECK must be auto, full, quick or off, not {mode!r}")
+        self.verdict.reset()
+        self.walked = False
         if mode == "off":
             return True
         data = os.path.join(self.path, "data.mdb")
         probe = _PageProbe(self.sealer)
         try:
-            full = mode == "full" or (mode == "auto" and os.path.getsize(data) <= FULL_CHECK_MAX)
+            vouched = mode == "auto" and self.verdict.matches()
+            full = mode == "full" or (mode == "auto" and not vouched
+                                      and os.path.getsize(data) <= FULL_CHECK_MAX)
             check_data_file(data, txnid=txn.id(), full=full, probe=probe)
             probe.verdict(data)
+            self.walked = full
+            self.verdict.trusted = full or vouched
         except LookupError:  # two commits replaced the meta page of this txn's snapshot
             return False
         except (LmdbDamageError, OSError) as exc:
@@ -592,6 +605,7 @@ class EnvHandle:
             os.close(self._lockfd)
         except OSError:
             pass
+        self.verdict.close()
         return True
 
     def _enter(self) -> None:
@@ -702,10 +716,13 @@ class EnvHandle:
                                 raise _Retry() from None
                     else:
                         out = [fn(txn) for fn in fns]
+                    vouched = self.verdict.before_commit()  # no other commit can come between
                     txn.commit()
                 except BaseException:
                     txn.abort()
                     raise
+                if vouched:
+                    self.verdict.record()
                 self._after_commit()
                 if nested:
                     for i, err in failed.items():
@@ -842,4 +859,5 @@ class EnvHandle:
             except lmdb.Error:
                 pass
         self.env.close()
+        self.verdict.close()
         os.close(self._lockfd)
