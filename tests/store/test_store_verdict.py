@@ -174,3 +174,113 @@ def test_recovery_after_sigkill_skips_the_walk_and_finds_every_commit(store_path
         assert s._h.walked is False
         assert s.load_snapshot("r") == b"%06d" % 49 * 5000
         assert len(s.journal("r")) == 100
+
+
+def test_a_write_during_the_open_is_not_vouched_for(store_path: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write landing while an open checks the file (after the state it vouches for was
+    taken) leaves no verdict for the changed file: the next open walks."""
+    from tcc.store import _env
+
+    _fill(store_path)
+    real = _env.check_data_file
+
+    def check_then_write(*args: object, **kwargs: object) -> object:
+        report = real(*args, **kwargs)  # type: ignore[arg-type]
+        _rewrite_same_bytes(store_path)
+        return report
+
+    monkeypatch.setattr(_env, "check_data_file", check_then_write)
+    for mode in ("auto", "full"):  # the verdict matched / the file was walked
+        monkeypatch.setenv("TCC_STORE_CHECK", mode)
+        with open_store(store_path) as s:
+            s.get_run("r")
+    monkeypatch.setattr(_env, "check_data_file", real)
+    monkeypatch.setenv("TCC_STORE_CHECK", "auto")
+    assert _walked(store_path) is True
+
+
+_OTHER_WRITER = textwrap.dedent("""
+    import sys
+    from tcc.store import Completion, open_store
+    with open_store(sys.argv[1]) as s:
+        seq = s.append_intent("r", 1, "other")
+        s.checkpoint("r", 1, b"z" * 20000, completion=Completion(seq))
+""")
+
+
+def _other_writer(path: str, check: str) -> None:
+    subprocess.run([sys.executable, "-c", _OTHER_WRITER, path], check=True, timeout=60,
+                   env={**os.environ, "TCC_STORE_CHECK": check})
+
+
+def test_a_writer_that_did_not_check_the_file_breaks_the_chain(store_path: str) -> None:
+    """After a commit by a process that skipped the check (TCC_STORE_CHECK=off), no later
+    commit vouches for the file: the next open walks."""
+    _fill(store_path)
+    with open_store(store_path) as s:
+        _other_writer(store_path, "off")
+        seq = s.append_intent("r", 1, "after")
+        s.checkpoint("r", 1, payload(9, 30_000), completion=Completion(seq))
+    assert _walked(store_path) is True
+
+
+def test_a_commit_by_another_process_right_after_ours_is_not_vouched_for(
+        store_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction committed between a commit and its verdict is not blessed by it."""
+    from tcc.store._env import EnvHandle
+
+    _fill(store_path)
+    real = EnvHandle._vouch
+
+    def late(self: EnvHandle, txnid: int) -> None:
+        _other_writer(store_path, "off")
+        real(self, txnid)
+
+    with open_store(store_path) as s:
+        monkeypatch.setattr(EnvHandle, "_vouch", late)
+        seq = s.append_intent("r", 1, "raced")
+        s.checkpoint("r", 1, payload(10, 30_000), completion=Completion(seq))
+        monkeypatch.setattr(EnvHandle, "_vouch", real)
+    assert _walked(store_path) is True
+
+
+def test_without_a_boot_id_there_is_no_verdict_and_every_open_walks(
+        store_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the system does not tell its boot id, nothing is vouched for."""
+    monkeypatch.setattr(_verified, "boot_id", lambda: None)
+    _fill(store_path)
+    assert not os.path.exists(os.path.join(store_path, VERIFIED_NAME))
+    assert _walked(store_path) is True and _walked(store_path) is True
+
+
+def test_an_unwritable_verdict_costs_only_walks(store_path: str) -> None:
+    """If the verdict cannot be written, commits still succeed and the next open walks."""
+    os.makedirs(store_path, mode=0o700)
+    os.mkdir(os.path.join(store_path, VERIFIED_NAME))  # in the way of the file
+    _fill(store_path)
+    assert _walked(store_path) is True
+    with open_store(store_path) as s:
+        assert s.load_snapshot("r") == payload(3, 30_000)
+
+
+def test_compaction_walks_the_new_file_and_vouches_for_it(store_path: str) -> None:
+    """`compact` swaps in a new file (another inode): it is walked then, not at the next open."""
+    _fill(store_path)
+    with open_store(store_path) as s:
+        s.compact()
+        assert s._h.walked is True
+    assert _walked(store_path) is False
+
+
+def test_opens_and_refused_opens_leave_no_descriptor_behind(store_path: str) -> None:
+    """The verdict's descriptors are closed with the store, and when an open is refused."""
+    _fill(store_path)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        _walked(store_path)
+    _break_leaves(store_path)
+    for _ in range(3):
+        with pytest.raises(StoreCorruptError):
+            open_store(store_path)
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -409,6 +409,10 @@ class EnvHandle:
                         for name in DBS:
                             self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
                         self._check_format(txn)
+                        vouched = self.verdict.before_commit()
+                        txnid = txn.id()
+                    if vouched:
+                        self._vouch(txnid)
                     break
                 except lmdb.MapResizedError:
                     self.env.set_mapsize(0)
@@ -422,7 +426,6 @@ class EnvHandle:
                 fcntl.flock(self._lockfd, fcntl.LOCK_SH)
                 self._downgrade_lock = False
         _mark_initialised(path)
-        self.verdict.record()  # the file as this open left it (after the walk, if it was trusted)
 
     def _check_structure(self, txn: Any) -> bool:
         """Verify data.mdb's page structure for ``txn``'s snapshot (False: look again).
@@ -445,12 +448,14 @@ class EnvHandle:
         probe = _PageProbe(self.sealer)
         try:
             vouched = mode == "auto" and self.verdict.matches()
+            before = None if vouched else self.verdict.state()  # what a passing walk vouches for
             full = mode == "full" or (mode == "auto" and not vouched
                                       and os.path.getsize(data) <= FULL_CHECK_MAX)
             check_data_file(data, txnid=txn.id(), full=full, probe=probe)
             probe.verdict(data)
             self.walked = full
-            self.verdict.trusted = full or vouched
+            if full and not vouched:
+                self.verdict.walked(before)
         except LookupError:  # two commits replaced the meta page of this txn's snapshot
             return False
         except (LmdbDamageError, OSError) as exc:
@@ -717,12 +722,13 @@ class EnvHandle:
                     else:
                         out = [fn(txn) for fn in fns]
                     vouched = self.verdict.before_commit()  # no other commit can come between
+                    txnid = txn.id()
                     txn.commit()
                 except BaseException:
                     txn.abort()
                     raise
                 if vouched:
-                    self.verdict.record()
+                    self._vouch(txnid)
                 self._after_commit()
                 if nested:
                     for i, err in failed.items():
@@ -739,6 +745,17 @@ class EnvHandle:
             finally:
                 self._exit()
             self._resize(grow=grow)
+
+    def _vouch(self, txnid: int) -> None:
+        """Record the verdict after commit ``txnid`` (see ``_verified``), unless another
+        transaction committed since: this handle cannot vouch for what that one wrote.
+        (A write transaction that changed nothing commits no txnid; then the file must
+        simply be unchanged.)"""
+        try:
+            if self.env.info()["last_txnid"] == txnid or self.verdict.unchanged():
+                self.verdict.record()
+        except Exception:  # noqa: BLE001 -- the commit succeeded: never report it as failed
+            self.verdict.trusted = False
 
     def _after_commit(self) -> None:
         self._writes += 1
