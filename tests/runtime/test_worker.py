@@ -169,6 +169,63 @@ def test_worker_backs_off_a_run_whose_resume_keeps_failing(tmp_path):
         assert worker.backoff[run.run_id][0] == 5001 and "next try in 300 s" in logs[-1], logs[-1]
 
 
+def _damage_run_record(store: str, run_id: str) -> None:
+    """Flip one bit of a run record with LMDB directly (the store is closed)."""
+    import lmdb
+
+    env = lmdb.open(store, max_dbs=16)
+    try:
+        dbi = env.open_db(b"runs")
+        with env.begin(write=True) as txn:
+            key = b"default\x00" + run_id.encode()
+            value = bytearray(txn.get(key, db=dbi))
+            value[40] ^= 8
+            txn.put(key, bytes(value), db=dbi)
+    finally:
+        env.close()
+
+
+def test_worker_skips_a_damaged_run_and_serves_the_others(tmp_path: Path) -> None:
+    """A run record that fails verification is logged once and skipped; the worker goes on
+    taking over the other runs (it used to stop at the first damaged record)."""
+    from tcc.runtime import Worker
+    from tcc.store import open_store
+
+    path = str(tmp_path / "store")
+    with open_store(path) as store:
+        store.create_run("agent.py:main", b"[]", run_id="bad", lease=0.001)
+        store.create_run("agent.py:main", b"[]", run_id="good", lease=0.001)
+    _damage_run_record(path, "bad")
+    time.sleep(0.05)  # both leases have expired
+    logs: list[str] = []
+    with open_store(path) as store:
+        worker = Worker(store, poll=0.01, command=[sys.executable, "-c", "pass"], log=logs.append)
+        assert worker.tick() == 1
+        assert list(worker.children) == ["good"]
+        worker.children["good"].wait()
+        worker.tick()
+        for proc in worker.children.values():  # "good" may have been started again
+            proc.wait()
+        worker._reap()
+        skipped = [m for m in logs if "skipping run bad" in m]
+        assert len(skipped) == 1 and "failed verification" in skipped[0], logs
+
+
+def test_ls_lists_intact_runs_and_names_a_damaged_one(tmp_path: Path) -> None:
+    """`tcc ls` prints the intact runs, names the damaged one on stderr and exits 1."""
+    from tcc.store import open_store
+
+    cli = Cli(tmp_path)
+    with open_store(str(cli.store)) as store:
+        for rid in ("r1", "r2"):
+            store.create_run("agent.py:main", b"[]", run_id=rid)
+    _damage_run_record(str(cli.store), "r1")
+    proc = cli.run("ls", "--json")
+    assert proc.returncode == 1
+    assert [r["id"] for r in json.loads(proc.stdout)] == ["r2"]
+    assert proc.stderr.startswith("tcc: run r1 is not listed: ") and "failed verification" in proc.stderr
+
+
 def test_worker_says_when_it_created_the_store(tmp_path: Path) -> None:
     """A worker pointed at a path with no store (a typo in --store) creates an empty one, as
     a worker started before any run must, but says so on stderr instead of polling an

@@ -491,6 +491,23 @@ def test_run_record_moved_away_is_reported(store_path: str) -> None:
         assert s.get_run("b").run_id == "b"
 
 
+def test_list_runs_can_report_a_damaged_run_record_and_list_the_others(store_path: str) -> None:
+    """A run record whose MAC fails stops `list_runs()`, or, with a ``damaged`` list, is
+    named there while the intact runs are listed (one bad record no longer hides a tenant)."""
+    with open_store(store_path) as s:
+        for rid in ("a", "b", "c"):
+            s.create_run("e", run_id=rid)
+    _flip(store_path, b"runs", b"default\x00b", 40, 3)
+    with open_store(store_path) as s:
+        with pytest.raises(StoreCorruptError, match="run 'b' record failed verification"):
+            s.list_runs()
+        damaged: list[tuple[str, str]] = []
+        assert [r.run_id for r in s.list_runs(damaged=damaged)] == ["a", "c"]
+        assert [rid for rid, _ in damaged] == ["b"]
+        assert "run 'b' record failed verification" in damaged[0][1]
+        assert [r.run_id for r in s.list_runs("running", damaged=[])] == ["a", "c"]
+
+
 def test_signal_record_moved_away_is_reported(store_path: str) -> None:
     """Regression class of the stale-signals finding: a delivered approval whose record damage
     moved away must not read as never sent; the run's sealed signal count disagrees."""

@@ -361,9 +361,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     with _open(args, create=False) as store:
-        runs = store.list_runs(args.status)
+        damaged: list[tuple[str, str]] = []
+        runs = store.list_runs(args.status, damaged=damaged)
         _render.run_list(runs, as_json=args.json)
-    return 0
+    for run_id, why in damaged:  # list what is intact, then say what is not (exit 1)
+        print(f"tcc: run {run_id} is not listed: {why}", file=sys.stderr)
+    return 1 if damaged else 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

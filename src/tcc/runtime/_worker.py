@@ -124,6 +124,7 @@ class Worker:
         # run id -> (failed resumes in a row, not before this time): a resume that keeps
         # failing (a deleted script, changed code) is retried ever more slowly, not every poll
         self.backoff: dict[str, tuple[int, float]] = {}
+        self.damaged: set[str] = set()  # runs whose record failed verification (said once)
         self.stopping = False
 
     def stop(self, *_args: Any) -> None:
@@ -162,7 +163,13 @@ class Worker:
         self._reap()
         started = 0
         now = time.time()
-        for run in sorted(self.store.list_runs(), key=lambda r: r.updated):
+        damaged: list[tuple[str, str]] = []
+        runs = self.store.list_runs(damaged=damaged)
+        for run_id, why in damaged:  # the other runs are served; this one needs a person
+            if run_id not in self.damaged:
+                self.damaged.add(run_id)
+                self.log(f"worker: skipping run {run_id}: {why}")
+        for run in sorted(runs, key=lambda r: r.updated):
             if self.stopping or len(self.children) >= self.concurrency:
                 break
             if run.run_id in self.children or run.status not in ("running", "sleeping", "waiting"):

@@ -171,8 +171,13 @@ class Store(Protocol):
         """Return the run or raise RunNotFoundError."""
         ...
 
-    def list_runs(self, status: str | None = None) -> list[RunInfo]:
-        """All runs of this tenant, optionally only those with ``status``."""
+    def list_runs(self, status: str | None = None, *,
+                  damaged: list[tuple[str, str]] | None = None) -> list[RunInfo]:
+        """All runs of this tenant, optionally only those with ``status``.
+
+        A damaged run record raises StoreCorruptError, or, if ``damaged`` is
+        a list, is reported there as ``(run id, message)`` and skipped.
+        """
         ...
 
     def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False) -> RunInfo:

@@ -90,20 +90,36 @@ class LmdbStore(Maintenance):
         rid = self._rid(run_id)
         return self._read(lambda txn: self._info(rid, *self._load_run(txn, rid)))
 
-    def list_runs(self, status: str | None = None) -> list[RunInfo]:
-        """This tenant's runs (optionally with one status), ordered by run id."""
+    def list_runs(self, status: str | None = None, *,
+                  damaged: list[tuple[str, str]] | None = None) -> list[RunInfo]:
+        """This tenant's runs (optionally with one status), ordered by run id.
+
+        A run record that fails verification raises StoreCorruptError, unless
+        ``damaged`` is a list: then ``(run id, error message)`` is appended to
+        it and the listing goes on with the other runs.
+        """
         pfx = self._t + b"\x00"
 
         def op(txn: Any) -> list[RunInfo]:
             out, found = [], 0
+            bad: list[tuple[str, str]] = []
             for key, _ in iter_prefix(txn, self._dbs["runs"], pfx):
                 if key.endswith(HEAD):  # the tenant's run count
                     continue
                 found += 1
-                info = self._info(key[len(pfx):], *self._load_run(txn, key[len(pfx):]))
+                rid = key[len(pfx):]
+                try:
+                    info = self._info(rid, *self._load_run(txn, rid))
+                except StoreCorruptError as exc:
+                    if damaged is None:
+                        raise
+                    bad.append((rid.decode("utf-8", "replace"), str(exc)))
+                    continue
                 if status is None or info.status == status:
                     out.append(info)
             self._check_tally(txn, "runs", pfx, found, f"tenant {self.tenant!r}")
+            if damaged is not None:
+                damaged.extend(bad)  # once: a read retried after a map resize runs op again
             return out
 
         return self._read(op)
