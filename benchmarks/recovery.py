@@ -118,12 +118,22 @@ def copy_store(store: pathlib.Path, copy: pathlib.Path) -> None:
     copy is a new file, so its first open would walk data.mdb (the verdict
     file names the inode it vouches for; see ``tcc.store._verified``), which
     the crashed store -- last changed by its writer's own commits -- is not.
-    One untimed open walks the copy and re-establishes that state.
+    One untimed open walks the copy and re-establishes that state.  The copy
+    is also synced to disk, as the crashed store's commits were: otherwise the
+    first sync commit of the recovery pays for writing back the whole copy
+    (~2 ms more at N = 10,000, growing with the store).
     """
     from tcc.store import open_store
 
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(store, copy)
+    for f in copy.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     with open_store(copy, create=False):
         pass
 
@@ -266,26 +276,58 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
     crash in the middle of a snapshot interval.  The expected overhead per
     unit of work is (step_K - step_journal_only) / step_journal_only +
     recovery_K / MTBF; Young-Daly predicts its minimum at sqrt(2*C*MTBF).
+
+    C is timed directly, inside the driver: the median time of one snapshot
+    (capture + commit, with the effect's completion) in the K = 1 runs, minus
+    the median time of the journal append it replaces in the journal-only
+    runs.  (A difference of whole step times drowned C in the noise of a
+    ~2 ms step and once came out negative.)
     """
     from tcc import runtime
+    from tcc.runtime._driver import Driver
     from tcc.store import open_store
 
     n = max(profile["k_sweep"]) * 2 + 2
     iters = str(work_iters())
+    timed: dict[str, list[float]] = {"snapshot": [], "journal": []}
 
-    def per_step(strategy: str, k: int) -> float:
+    def per_step(strategy: str, k: int, time_parts: bool = False) -> float:
         folder = work / f"yd-run-{strategy}-{k}"
+        real_snapshot = Driver._snapshot
         with open_store(folder) as st:
-            t0 = time.perf_counter()
-            runtime.start(st, AGENT, [str(n), "const", iters], strategy=strategy, checkpoint_every=k)
-            elapsed = (time.perf_counter() - t0) / n
+            if time_parts:
+                real_append = st.append_completion
+
+                def snapshot(self: Any, *args: Any, **kwargs: Any) -> Any:
+                    t = time.perf_counter()
+                    try:
+                        return real_snapshot(self, *args, **kwargs)
+                    finally:
+                        timed["snapshot"].append(time.perf_counter() - t)
+
+                def append(*args: Any, **kwargs: Any) -> Any:
+                    t = time.perf_counter()
+                    try:
+                        return real_append(*args, **kwargs)
+                    finally:
+                        timed["journal"].append(time.perf_counter() - t)
+
+                Driver._snapshot = snapshot  # type: ignore[method-assign]
+                st.append_completion = append  # type: ignore[method-assign]
+            try:
+                t0 = time.perf_counter()
+                runtime.start(st, AGENT, [str(n), "const", iters], strategy=strategy,
+                              checkpoint_every=k)
+                elapsed = (time.perf_counter() - t0) / n
+            finally:
+                Driver._snapshot = real_snapshot  # type: ignore[method-assign]
         shutil.rmtree(folder, ignore_errors=True)
         return elapsed
 
-    base = median([per_step("replay", 1) for _ in range(profile["repeats"])])
+    base = median([per_step("replay", 1, time_parts=True) for _ in range(profile["repeats"])])
     sweep = []
     for k in profile["k_sweep"]:
-        step_k = median([per_step("hybrid", k) for _ in range(profile["repeats"])])
+        step_k = median([per_step("hybrid", k, time_parts=k == 1) for _ in range(profile["repeats"])])
         kill_at = max(1, min(n - 1, (n // k) * k - (k // 2) - 1 if k > 1 else n - 1))
         built = build_crashed_run(work, "hybrid", n, "work", k=k, kill_at=kill_at)
         rec = [in_process(built["store"], work) for _ in range(profile["repeats"])]
@@ -293,13 +335,14 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
         overhead = max(0.0, step_k - base) / base + median(rec) / mtbf_s
         sweep.append({"k": k, "n": n, "kill_at": kill_at, "step_s": step_k, "recovery_s": rec,
                       "expected_overhead": overhead})
-    checkpoint_s = max(0.0, sweep[0]["step_s"] - base)  # K = 1: one snapshot per step
+    checkpoint_s = max(0.0, median(timed["snapshot"]) - median(timed["journal"]))
     k_opt = (2 * checkpoint_s * mtbf_s) ** 0.5 / base if base else float("nan")
     best = min(sweep, key=lambda r: r["expected_overhead"])
     log(f"young-daly: C={checkpoint_s * 1e3:.3f} ms, step={base * 1e3:.3f} ms, MTBF={mtbf_s:.0f} s "
         f"-> K_opt={k_opt:.1f}; best measured K={best['k']}")
     return {"mtbf_s": mtbf_s, "checkpoint_s": checkpoint_s, "step_s": base, "k_opt": k_opt,
-            "best_measured_k": best["k"], "sweep": sweep}
+            "best_measured_k": best["k"], "sweep": sweep,
+            "snapshot_s": median(timed["snapshot"]), "journal_append_s": median(timed["journal"])}
 
 
 # ------------------------------------------------------------------- peers
