@@ -223,7 +223,8 @@ def test_ls_lists_intact_runs_and_names_a_damaged_one(tmp_path: Path) -> None:
     proc = cli.run("ls", "--json")
     assert proc.returncode == 1
     assert [r["id"] for r in json.loads(proc.stdout)] == ["r2"]
-    assert proc.stderr.startswith("tcc: run r1 is not listed: ") and "failed verification" in proc.stderr
+    assert proc.stderr.startswith("tcc: error: run r1 is not listed: ")
+    assert proc.stderr.count("\n") == 1 and "failed verification" in proc.stderr
 
 
 def test_worker_says_when_it_created_the_store(tmp_path: Path) -> None:

@@ -365,7 +365,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         runs = store.list_runs(args.status, damaged=damaged)
         _render.run_list(runs, as_json=args.json)
     for run_id, why in damaged:  # list what is intact, then say what is not (exit 1)
-        print(f"tcc: run {run_id} is not listed: {why}", file=sys.stderr)
+        print(f"tcc: error: run {run_id} is not listed: {why}", file=sys.stderr)
     return 1 if damaged else 0
 
 
