@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -94,16 +95,22 @@ class SplitMemo:
     just compared equal, never read back from disk.
     """
 
-    __slots__ = ("payload", "cuts", "starts")
+    __slots__ = ("payload", "cuts", "starts", "offsets", "ends")
 
     def __init__(self) -> None:
         self.payload = b""
         self.cuts: list[tuple[int, int, bytes]] = []  # (offset, length, address)
         self.starts: dict[int, int] = {}  # offset -> index in cuts
+        self.offsets: list[int] = []  # offset of each cut (ascending)
+        self.ends: list[int] = []  # end of each cut (ascending)
 
 
-def _common(new: bytes, pos: int, old_view: memoryview, b: int) -> int:
-    """Length of the common run of ``new[pos:]`` and ``old[b:]`` (galloping memcmp)."""
+def _py_common(new: bytes, pos: int, old_view: memoryview, b: int) -> int:
+    """Length of the common run of ``new[pos:]`` and ``old[b:]`` (galloping memcmp).
+
+    The pure-Python form of ``tcc.store._fast.common_len``, used when the C
+    helper is not built.
+    """
     limit = min(len(new) - pos, len(old_view) - b)
     lo, step = 0, 16384
     while lo < limit:  # gallop: grow the compared span while it matches
@@ -126,6 +133,12 @@ def _common(new: bytes, pos: int, old_view: memoryview, b: int) -> int:
     return lo
 
 
+try:
+    from ._fast import common_len as _common  # optional C helper (native/tcc_store.c)
+except ImportError:  # not built: the pure-Python form gives the same answers
+    _common = _py_common
+
+
 def split(
     sealer: Sealer, payload: bytes | memoryview, memo: SplitMemo | None = None
 ) -> list[tuple[bytes, memoryview]]:
@@ -139,17 +152,18 @@ def split(
     data = payload if isinstance(payload, bytes) else bytes(view)
     total = len(data)
     cuts: list[tuple[int, int, bytes]] = []
+    fresh: list[int] = []  # indices in cuts of the pieces cut here, still without an address
     if total:
         cdc = _chunker()
         big = cdc.max_size  # type: ignore[attr-defined]
         if memo is not None and memo.cuts:
             old = memo.payload
             old_view = memoryview(old)
-            old_cuts, starts = memo.cuts, memo.starts
+            old_cuts, starts, offsets, ends = memo.cuts, memo.starts, memo.offsets, memo.ends
             shift = total - len(old)
             shifts: tuple[int, ...] = (0, shift) if shift else (0,)
         else:
-            old, old_cuts, starts, shifts = b"", [], {}, ()
+            old, old_cuts, starts, offsets, ends, shifts = b"", [], {}, [], [], ()
             old_view = memoryview(old)
         pos = 0
         it = None
@@ -162,22 +176,20 @@ def split(
                 b = pos - sh
                 if len(old) - b == total - pos and data.startswith(old_view[b:], pos):
                     # the whole rest is unchanged: so are its cuts
-                    cuts.extend((o + sh, n, a) for o, n, a in old_cuts[j:])
+                    cuts.extend(old_cuts[j:] if not sh else [(o + sh, n, a) for o, n, a in old_cuts[j:]])
                     pos = total
                     reused = True
                     break
                 same = _common(data, pos, old_view, b)
-                k = j
-                # a cut is reproduced if every byte it looked at (up to and including
+                # A cut is reproduced if every byte it looked at (up to and including
                 # the first byte after it) is unchanged and neither buffer ends within
-                # the chunker's window (the remaining length steers FastCDC near the end)
-                while k < len(old_cuts):
-                    o, n, a = old_cuts[k]
-                    if o + n + 1 > b + same or len(old) - o <= big or total - (o + sh) <= big:
-                        break
-                    k += 1
+                # the chunker's window (the remaining length steers FastCDC near the
+                # end).  Both limits are monotone in k, so each is one bisection:
+                # the cut must end before b + same, and start before ``window``.
+                k = min(bisect_left(ends, b + same, j),
+                        bisect_left(offsets, min(len(old), total - sh) - big, j))
                 if k > j:
-                    cuts.extend((o + sh, n, a) for o, n, a in old_cuts[j:k])
+                    cuts.extend(old_cuts[j:k] if not sh else [(o + sh, n, a) for o, n, a in old_cuts[j:k]])
                     o, n, _ = old_cuts[k - 1]
                     pos = o + sh + n
                     reused = True
@@ -190,12 +202,12 @@ def split(
                 base = pos
             ch = next(it)
             n = ch.length
+            fresh.append(len(cuts))
             cuts.append((pos, n, b""))
             pos = base + ch.offset + n
-    out: list[tuple[bytes, memoryview]] = []
-    for i, (o, n, a) in enumerate(cuts):
-        piece = view[o : o + n]
-        if not a:
+    if fresh:
+        for i in fresh:
+            o, n, _ = cuts[i]
             # Re-cut near the end (where FastCDC's cuts depend on the remaining
             # length) or after an edit: the same cut over the same bytes keeps
             # its address, checked with memcmp instead of hashing it again.
@@ -206,13 +218,15 @@ def split(
                     a = old_cuts[j][2]
                     break
             else:
-                a = sealer.chunk_id(piece)
+                a = sealer.chunk_id(view[o : o + n])
             cuts[i] = (o, n, a)
-        out.append((a, piece))
+    out = [(a, view[o : o + n]) for o, n, a in cuts]
     if memo is not None:
         memo.payload = data
         memo.cuts = cuts
-        memo.starts = {o: i for i, (o, _, _) in enumerate(cuts)}
+        memo.offsets = [c[0] for c in cuts]
+        memo.starts = dict(zip(memo.offsets, range(len(cuts))))
+        memo.ends = [o + n for o, n, _ in cuts]
     return out
 
 
