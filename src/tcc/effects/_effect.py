@@ -170,6 +170,8 @@ class Effect:
             raise ValueError("retries must be >= 0")
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be > 0")
+        if not retry_delay >= 0:  # also refuses NaN
+            raise ValueError("retry_delay must be >= 0")
         # ``@tcc.effect`` above ``@staticmethod``/``@classmethod``: wrap the
         # function and remember how a class attribute access must bind it.
         self._binds = "instance"
@@ -355,6 +357,7 @@ def effect(
     retries: int = 0,
     timeout: float | None = None,
     verify: Callable[..., Any] | None = None,
+    retry_delay: float = 0.2,
 ) -> Any:
     """Declare a side effect: ``@tcc.effect`` or ``@tcc.effect(retries=3, timeout=30)``.
 
@@ -363,7 +366,9 @@ def effect(
     :class:`~tcc.errors.UsageError` (see :func:`_register`).  ``timeout``
     bounds one attempt: an async effect is cancelled, a sync one fails the
     attempt while its thread runs to the end, and the next attempt waits for
-    it.  On a class, ``obj.method(x)`` passes (and journals) ``obj``.
+    it.  A failed attempt is retried after ``retry_delay`` seconds, doubled
+    for each further retry (SIGTERM during the wait stops the run; resumed,
+    the retry runs).  On a class, ``obj.method(x)`` passes (and journals) ``obj``.
 
     ``verify(intent)`` is called before re-issuing a call that was in flight
     at a crash; if it returns anything but None, that is taken as the call's
@@ -372,7 +377,8 @@ def effect(
     """
 
     def wrap(f: Callable[..., Any]) -> Effect:
-        return Effect(f, name=name, retries=retries, timeout=timeout, verify=verify)
+        return Effect(f, name=name, retries=retries, timeout=timeout, verify=verify,
+                      retry_delay=retry_delay)
 
     return wrap(fn) if fn is not None else wrap
 

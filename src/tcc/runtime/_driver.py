@@ -143,6 +143,39 @@ def _explain_agent_error(exc: Exception) -> Exception:
     return exc
 
 
+def _in_thread(call: Callable[[], Any], name: str) -> asyncio.Future[Any]:
+    """Run ``call`` in a new daemon thread; its outcome resolves the returned future.
+
+    Not the loop's default executor: a timed-out sync effect's thread cannot be
+    stopped, and executor threads are joined at interpreter exit, so one stuck
+    call kept the process of a stopped (SIGTERM) run alive until the call
+    returned.  The driver waits for such threads itself (:meth:`Driver._settled`,
+    :meth:`Driver._drain_lingering`) and stops waiting on SIGTERM; a daemon
+    thread is then abandoned at exit (its late outcome was discarded anyway).
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():  # e.g. cancelled
+            (fut.set_result if ok else fut.set_exception)(value)
+
+    def target() -> None:
+        try:
+            ok, value = True, call()
+        except StopIteration as exc:  # a future cannot carry StopIteration (asyncio's rule)
+            ok, value = False, RuntimeError(f"effect raised StopIteration: {exc}")
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting driver
+            ok, value = False, exc
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop is closed: the drive ended, nobody waits for it
+            pass
+
+    threading.Thread(target=target, name=f"tcc-effect {name}", daemon=True).start()
+    return fut
+
+
 def _lingered(running: set[asyncio.Future[Any]], work: asyncio.Future[Any]) -> None:
     """A timed-out attempt's thread ended: forget it (its late outcome is discarded)."""
     running.discard(work)
@@ -270,6 +303,7 @@ class Driver:
             if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                 coro.close()  # never started: closing runs no user code
             self._stop_heartbeat.set()
+            self._loop.run_until_complete(self._drain_lingering())
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()
             heartbeat.join(timeout=5)
@@ -378,11 +412,16 @@ class Driver:
             assert self._loop is not None
             results = self._loop.run_until_complete(all_of())
             duration = time.perf_counter() - t0
+            stopped = next((r for r in results if isinstance(r, _Parked)), None)
             for (i, *_rest), seq, res in zip(todo, seqs, results):
+                if isinstance(res, _Parked):  # never started: its intent stays open (in doubt)
+                    continue
                 outcome: Pending = ("throw", res) if isinstance(res, Exception) else ("send", res)
                 outcomes[i] = outcome
                 self.store.append_completion(self.run_id, self.epoch, self._completion(seq, outcome, duration))
                 self.effects += 1
+            if stopped is not None:
+                raise stopped
         values = []
         for done in outcomes:
             assert done is not None
@@ -478,6 +517,8 @@ class Driver:
                                                  "tcc.attempt": attempt}) as span:
                 try:
                     outcome: Pending = ("send", self._run_sync_or_async(effect.fn, args, kwargs, effect, key, attempt))
+                except _Parked:  # SIGTERM before the attempt started: not its outcome
+                    raise
                 except Exception as exc:  # recorded and thrown into the agent
                     outcome = ("throw", exc)
                     if span is not None:
@@ -487,7 +528,8 @@ class Driver:
                 return outcome, completion
             self.store.append_completion(self.run_id, self.epoch, completion)
             self._settle(effect)  # a timed-out sync attempt: its thread must end before the next
-            time.sleep(effect.retry_delay * (2 ** (attempt - first_attempt)))
+            if STOP.wait(effect.retry_delay * (2 ** (attempt - first_attempt))):
+                raise _Parked("stopped", {"reason": "SIGTERM"})  # resumed, the retry runs then
             attempt += 1
 
     def _run_sync_or_async(
@@ -504,10 +546,12 @@ class Driver:
         """Run one attempt of ``effect`` (or its ``fn``, e.g. its verify probe), within its timeout.
 
         An async function is cancelled when the timeout passes.  A sync one
-        runs in a worker thread, which cannot be stopped: the attempt fails
+        runs in a (daemon) thread, which cannot be stopped: the attempt fails
         with TimeoutError at once, the thread runs on to the end, and until it
         has ended no other call of this effect starts in this run (see
         :meth:`_settle`), so a retry never overlaps the attempt it replaces.
+        SIGTERM while waiting for such a thread stops the run (resumable); the
+        thread is abandoned when the process exits.
         """
         fn = fn or effect.fn
         token = _context.set_current(_context.Current(self.run_id, effect.name, key, attempt))
@@ -525,7 +569,7 @@ class Driver:
                     raise TimeoutError(self._timed_out(effect, "it was cancelled")) from None
             await self._settled(effect.name)  # e.g. a tcc.gather after a timed-out call
             call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-            work = asyncio.get_running_loop().run_in_executor(None, call)
+            work = _in_thread(call, effect.name)
             if effect.timeout is None:
                 return await work
             done, _ = await asyncio.wait({work}, timeout=effect.timeout)  # does not cancel work
@@ -545,11 +589,26 @@ class Driver:
         return f"effect {effect.name!r} timed out after {effect.timeout:g} s ({what})"
 
     async def _settled(self, name: str) -> None:
-        """Until no timed-out attempt of effect ``name`` is still running in its thread."""
+        """Until no timed-out attempt of effect ``name`` is still running in its thread.
+
+        Raises ``_Parked("stopped")`` on SIGTERM: the wait can last as long as
+        the stuck call, and stopping here loses nothing (the next attempt or
+        call has not started; a gathered call's open intent is in doubt on
+        resume, as after a crash).
+        """
         while self._lingering.get(name):
+            if STOP.is_set():
+                raise _Parked("stopped", {"reason": "SIGTERM"})
             await asyncio.wait(set(self._lingering[name]), timeout=0.5)
             # a thread that never ends must not hide a cancel or a takeover
             self._check_owner(f"waited for a timed-out call of effect {name!r} to end")
+
+    async def _drain_lingering(self) -> None:
+        """At the end of a drive: wait for timed-out calls still running in their threads,
+        so a later drive of the run never overlaps them; on SIGTERM, abandon them (their
+        threads are daemons: the process can exit)."""
+        while any(self._lingering.values()) and not STOP.is_set():
+            await asyncio.wait(set().union(*self._lingering.values()), timeout=0.5)
 
     def _settle(self, effect: Effect) -> None:
         """Block until the threads of ``effect``'s timed-out attempts have ended.
