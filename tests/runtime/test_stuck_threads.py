@@ -156,3 +156,21 @@ def test_sigterm_stops_a_long_retry_back_off(tmp_path):
     done = json.loads(cli.run("resume", "--json", "b1", check=True).stdout)
     assert done["status"] == "completed" and done["result"] == "flaky 1 ok", done
     assert _ledger(tmp_path) == ["flaky 1 attempt 1", "flaky 1 attempt 2"]
+
+
+def test_effect_options_are_checked():
+    """Bad retry settings are refused when the effect is declared, naming the option."""
+    import math
+
+    import pytest
+
+    import tcc
+
+    def f():
+        return 1
+
+    for kwargs, what in (({"retries": -1}, "retries"), ({"timeout": 0}, "timeout"),
+                         ({"retry_delay": -0.1}, "retry_delay"), ({"retry_delay": math.nan}, "retry_delay")):
+        with pytest.raises(ValueError, match=what):
+            tcc.effect(name=f"opt-{what}", **kwargs)(f)
+    assert tcc.effect(name="opt-ok", retries=2, retry_delay=0)(f).retry_delay == 0
