@@ -244,8 +244,8 @@ def group_throughput(threads: int = 4, per_thread: int = 50) -> dict[str, float]
 
             def work(rid: str) -> None:
                 gen = mutations(4096, False)
-                for i in range(per_thread):
-                    s.checkpoint(rid, 1, next(gen), completion=Completion(i))
+                for _ in range(per_thread):
+                    s.checkpoint(rid, 1, next(gen))
 
             ts = [threading.Thread(target=work, args=(r,)) for r in rids]
             t0 = time.perf_counter()

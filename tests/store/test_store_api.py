@@ -83,8 +83,10 @@ def test_journal_and_checkpoint_atomic_record(store: LmdbStore) -> None:
     assert (journal[1].intent_seq, journal[1].result, journal[1].duration) == (0, b"answer", 0.5)
     assert (info.number, info.journal_len) == (1, 2)
     assert store.load_snapshot(run.run_id) == payload(1)
-    err = store.append_completion(run.run_id, 1, Completion(0, error=b"boom"))
+    tool = store.append_intent(run.run_id, 1, "tool")
+    err = store.append_completion(run.run_id, 1, Completion(tool, error=b"boom"))
     assert store.journal(run.run_id, start=err)[0].error == b"boom"
+    assert store.journal(run.run_id, start=err)[0].intent_seq == tool == 2
 
 
 def test_retention_keeps_newest(store_path: str) -> None:
@@ -237,7 +239,8 @@ def test_group_durability_threads(store_path: str) -> None:
         def work(rid: str) -> None:
             for i in range(15):
                 try:
-                    s.checkpoint(rid, 1, payload(i, 8000), completion=Completion(i))
+                    seq = s.append_intent(rid, 1, "e")
+                    s.checkpoint(rid, 1, payload(i, 8000), completion=Completion(seq))
                 except FencedError as exc:
                     errors.append(exc)
 
@@ -248,7 +251,10 @@ def test_group_durability_threads(store_path: str) -> None:
             t.join()
         assert len(errors) == 15
         for rid in runs[:3]:
-            assert len(s.journal(rid)) == 15
+            journal = s.journal(rid)
+            assert [(r.kind, r.intent_seq) for r in journal] == [
+                (kind, None if kind == "intent" else i - 1)
+                for i in range(30) for kind in ["intent" if i % 2 == 0 else "completion"]]
             assert s.load_snapshot(rid) == payload(14, 8000)
         assert s.journal("t3") == []
 

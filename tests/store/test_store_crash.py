@@ -107,7 +107,8 @@ def test_stale_writer_fenced_across_processes(store_path: str) -> None:
     """A writer whose run was claimed by another process is fenced and writes nothing."""
     with open_store(store_path) as s:
         run = s.create_run("e", run_id="r", lease=0.0)
-        s.checkpoint("r", run.epoch, payload(1), completion=Completion(0, result=b"a"))
+        seq = s.append_intent("r", run.epoch, "e")
+        s.checkpoint("r", run.epoch, payload(1), completion=Completion(seq, result=b"a"))
         out = run_python(
             """
             import sys
@@ -119,9 +120,9 @@ def test_stale_writer_fenced_across_processes(store_path: str) -> None:
         )
         assert out.stdout.strip() == "2", out.stderr
         with pytest.raises(FencedError, match="taken over"):
-            s.checkpoint("r", run.epoch, payload(2), completion=Completion(0, result=b"b"))
+            s.checkpoint("r", run.epoch, payload(2), completion=Completion(seq, result=b"b"))
         assert [x.number for x in s.snapshots("r")] == [1]
-        assert len(s.journal("r")) == 1
+        assert len(s.journal("r")) == 2
         assert s.load_snapshot("r") == payload(1)
         assert s.events("r")[-1].kind == "taken_over"
 
@@ -138,8 +139,9 @@ def test_concurrent_processes_share_store(store_path: str) -> None:
             rid = sys.argv[2]
             run = s.create_run("e", run_id=rid)
             for i in range(25):
+                seq = s.append_intent(rid, run.epoch, "e")
                 s.checkpoint(rid, run.epoch, payload(i, 30_000) + rid.encode(),
-                             completion=Completion(i))
+                             completion=Completion(seq))
         """
     )
     here = os.path.dirname(__file__)
@@ -154,6 +156,6 @@ def test_concurrent_processes_share_store(store_path: str) -> None:
         assert s.map_size > 1 << 20  # someone grew the map; others adopted it
         for i in range(3):
             rid = f"p{i}"
-            assert len(s.journal(rid)) == 25
+            assert len(s.journal(rid)) == 50
             assert s.load_snapshot(rid) == payload(24, 30_000) + rid.encode()
         assert s.gc().refs_repaired == 0

@@ -243,8 +243,48 @@ class LmdbStore(Maintenance):
             blobs["r"] = as_bytes("completion result", c.result)
         if c.error is not None:
             blobs["e"] = as_bytes("completion error", c.error)
+        self._check_open_intent(txn, rid, seq, c.intent_seq)
         self._put_journal(txn, rid, seq, {"k": "c", "t": now, "i": c.intent_seq,
                                           "d": c.duration}, blobs, count)
+
+    def _check_open_intent(self, txn: Any, rid: bytes, seq: int, intent_seq: int) -> None:
+        """A completion journaled at ``seq`` must answer an intent of the run that has
+        no completion yet; else UsageError (and, from the caller's transaction, nothing
+        written).
+
+        Reads the records from the intent up to ``seq``: in the runtime a completion
+        follows its intent directly, or after the other calls of one ``tcc.gather``.
+        """
+        run = rid.decode()
+        if intent_seq >= seq:
+            raise UsageError(
+                f"a completion of run {run!r} names intent {intent_seq}, but the run's journal "
+                f"has {seq} records; pass the sequence number append_intent returned")
+        db = self._dbs["journal"]
+        first = seq_key(self._t, rid, intent_seq)
+        name = None
+        for key, value in iter_prefix(txn, db, first[:-8], first):
+            at = int.from_bytes(key[-8:], "big")
+            if key.endswith(HEAD) or len(key) != len(first) or at >= seq:
+                break
+            try:
+                h, _ = self._sealer.open(b"journal", key, value)
+            except Corrupt as exc:
+                raise self._corrupt(f"journal record {at} of run {run!r}", exc) from None
+            if name is None:
+                if at != intent_seq:
+                    break
+                if h.get("k") != "i":
+                    raise UsageError(
+                        f"a completion of run {run!r} names journal record {intent_seq}, which is "
+                        f"a completion (of intent {h.get('i')}), not an intent")
+                name = h.get("n")
+            elif h.get("k") == "c" and h.get("i") == intent_seq:
+                raise UsageError(
+                    f"intent {intent_seq} ({name}) of run {run!r} already has its completion "
+                    f"(journal record {at}); an effect's outcome is journaled once")
+        if name is None:
+            raise self._missing(f"journal record {intent_seq} of run {run!r}")
 
     def append_intent(
         self,

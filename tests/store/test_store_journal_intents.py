@@ -1,0 +1,85 @@
+"""A journaled completion answers an open intent of its run, once.
+
+The journal is the run's record of which effects ran: an intent before an
+effect, its completion after.  A completion that names no intent, names a
+completion, or answers an intent a second time would make the record say
+something that did not happen; the store refuses it (UsageError) and writes
+nothing of the transaction, snapshot included.
+"""
+
+from __future__ import annotations
+
+import pytest
+from store_helpers import payload
+
+from tcc.errors import UsageError
+from tcc.store import Completion, open_store
+
+
+@pytest.fixture()
+def store(tmp_path):
+    with open_store(str(tmp_path / "s")) as s:
+        yield s
+
+
+def _state(store, run_id):
+    return [(r.kind, r.intent_seq) for r in store.journal(run_id)], [
+        i.number for i in store.snapshots(run_id)]
+
+
+def test_completions_answer_open_intents_in_any_order(store):
+    """Several intents open at once (one tcc.gather) are answered in any order."""
+    run = store.create_run("e").run_id
+    seqs = [store.append_intent(run, 1, f"tool{i}") for i in range(3)]
+    assert seqs == [0, 1, 2]
+    store.append_completion(run, 1, Completion(2, result=b"c"))
+    store.checkpoint(run, 1, payload(1, 20_000), completion=Completion(0, result=b"a"))
+    store.append_completion(run, 1, Completion(1, error=b"b"))
+    journal, snaps = _state(store, run)
+    assert journal == [("intent", None)] * 3 + [("completion", 2), ("completion", 0), ("completion", 1)]
+    assert snaps == [1]
+
+
+@pytest.mark.parametrize("via", ["append_completion", "checkpoint"])
+def test_a_second_completion_of_an_intent_is_refused(store, via):
+    run = store.create_run("e").run_id
+    seq = store.append_intent(run, 1, "llm")
+    store.checkpoint(run, 1, payload(1, 20_000), completion=Completion(seq, result=b"first"))
+    other = store.append_intent(run, 1, "tool")  # a record between the two completions
+    before = _state(store, run)
+    with pytest.raises(UsageError, match=r"intent 0 \(llm\) of run .* already has its completion "
+                                         r"\(journal record 1\)"):
+        if via == "checkpoint":
+            store.checkpoint(run, 1, payload(2, 20_000), completion=Completion(seq, result=b"again"))
+        else:
+            store.append_completion(run, 1, Completion(seq, result=b"again"))
+    assert _state(store, run) == before  # nothing written: no completion, no snapshot
+    assert store.load_snapshot(run) == payload(1, 20_000)
+    store.append_completion(run, 1, Completion(other, result=b"ok"))  # the open one still can
+
+
+def test_a_completion_must_name_an_intent(store):
+    run = store.create_run("e").run_id
+    with pytest.raises(UsageError, match="names intent 0, but the run's journal has 0 records"):
+        store.append_completion(run, 1, Completion(0))
+    seq = store.append_intent(run, 1, "llm")
+    done = store.append_completion(run, 1, Completion(seq))
+    with pytest.raises(UsageError, match="names intent 5, but the run's journal has 2 records"):
+        store.checkpoint(run, 1, payload(1, 20_000), completion=Completion(5))
+    with pytest.raises(UsageError, match=f"names journal record {done}, which is a completion "
+                                         f"\\(of intent {seq}\\), not an intent"):
+        store.append_completion(run, 1, Completion(done))
+    with pytest.raises(UsageError, match="intent_seq must be an integer of at least 0"):
+        store.append_completion(run, 1, Completion(-1))
+    assert _state(store, run) == ([("intent", None), ("completion", 0)], [])
+
+
+def test_intents_of_another_run_do_not_count(store):
+    a = store.create_run("e").run_id
+    b = store.create_run("e").run_id
+    store.append_intent(a, 1, "llm")
+    store.append_intent(b, 1, "llm")
+    store.append_completion(a, 1, Completion(0))
+    store.append_completion(b, 1, Completion(0))  # b's own intent 0, still open
+    with pytest.raises(UsageError, match="already has its completion"):
+        store.append_completion(b, 1, Completion(0))
