@@ -169,8 +169,54 @@ def test_effect_options_are_checked():
     def f():
         return 1
 
-    for kwargs, what in (({"retries": -1}, "retries"), ({"timeout": 0}, "timeout"),
-                         ({"retry_delay": -0.1}, "retry_delay"), ({"retry_delay": math.nan}, "retry_delay")):
+    bad = (({"retries": -1}, "retries"), ({"timeout": 0}, "timeout"),
+           ({"timeout": math.nan}, "timeout"), ({"timeout": math.inf}, "timeout"),
+           ({"retry_delay": -0.1}, "retry_delay"), ({"retry_delay": math.nan}, "retry_delay"),
+           ({"retry_delay": math.inf}, "retry_delay"))
+    for kwargs, what in bad:
         with pytest.raises(ValueError, match=what):
             tcc.effect(name=f"opt-{what}", **kwargs)(f)
     assert tcc.effect(name="opt-ok", retries=2, retry_delay=0)(f).retry_delay == 0
+
+
+def test_retry_backoff_doubles_and_is_capped():
+    """The wait before a retry doubles per retry and stays a finite, bounded number even
+    for a very long retry chain (an uncapped 2**n overflowed the float)."""
+    import threading
+
+    from tcc.runtime._driver import _backoff
+
+    assert [_backoff(0.5, n) for n in range(4)] == [0.5, 1.0, 2.0, 4.0]
+    assert _backoff(0, 10_000) == 0
+    for n in (30, 64, 1_000, 10_000):
+        wait = _backoff(1e300, n)
+        assert wait == 86_400.0 and wait <= threading.TIMEOUT_MAX
+
+
+def test_a_parked_run_keeps_its_lease_until_a_stuck_thread_ends(tmp_path):
+    """A run that parks (here for an approval) while a timed-out call's thread still runs
+    keeps its lease until that thread ends, so no other process resumes the run beside
+    the stuck call (review finding: the lease was released first)."""
+    cli = _cli(tmp_path)
+    proc = cli.popen("run", "--json", "--run-id", "p1", f"{AGENT}:park_with_a_stuck_thread")
+
+    def run():
+        if not cli.store.exists():
+            return None
+        try:
+            with open_store(str(cli.store)) as store:
+                return store.get_run("p1")
+        except RunNotFoundError:
+            return None
+
+    _until(lambda: (info := run()) is not None and info.status == "waiting", "the run to park", proc)
+    time.sleep(0.5)  # a lease released at the park would be visible by now
+    assert proc.poll() is None  # still waiting for the stuck call's thread
+    assert run().lease_expiry > time.time(), "the lease was released while the call was stuck"
+
+    (tmp_path / "release").touch()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["status"] == "waiting"
+    assert run().lease_expiry <= time.time()  # released once the thread ended: resumable
+    assert _ledger(tmp_path) == [f"start 1 pid {proc.pid}"]

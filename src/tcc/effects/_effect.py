@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 import threading
 import types
@@ -168,10 +169,10 @@ class Effect:
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        if timeout is not None and timeout <= 0:
-            raise ValueError("timeout must be > 0")
-        if not retry_delay >= 0:  # also refuses NaN
-            raise ValueError("retry_delay must be >= 0")
+        if timeout is not None and not 0 < timeout < math.inf:  # also refuses NaN
+            raise ValueError(f"timeout must be a finite number of seconds > 0 (or None), not {timeout!r}")
+        if not 0 <= retry_delay < math.inf:  # also refuses NaN
+            raise ValueError(f"retry_delay must be a finite number of seconds >= 0, not {retry_delay!r}")
         # ``@tcc.effect`` above ``@staticmethod``/``@classmethod``: wrap the
         # function and remember how a class attribute access must bind it.
         self._binds = "instance"

@@ -176,6 +176,12 @@ def _in_thread(call: Callable[[], Any], name: str) -> asyncio.Future[Any]:
     return fut
 
 
+def _backoff(delay: float, retry: int) -> float:
+    """The wait before retry number ``retry`` (0-based): ``delay`` doubled per retry,
+    capped at a day (a long retry chain must not overflow the float or the wait)."""
+    return min(delay * 2.0 ** min(retry, 64), 86_400.0)
+
+
 def _lingered(running: set[asyncio.Future[Any]], work: asyncio.Future[Any]) -> None:
     """A timed-out attempt's thread ended: forget it (its late outcome is discarded)."""
     running.discard(work)
@@ -528,7 +534,7 @@ class Driver:
                 return outcome, completion
             self.store.append_completion(self.run_id, self.epoch, completion)
             self._settle(effect)  # a timed-out sync attempt: its thread must end before the next
-            if STOP.wait(effect.retry_delay * (2 ** (attempt - first_attempt))):
+            if STOP.wait(_backoff(effect.retry_delay, attempt - first_attempt)):
                 raise _Parked("stopped", {"reason": "SIGTERM"})  # resumed, the retry runs then
             attempt += 1
 
@@ -604,9 +610,10 @@ class Driver:
             self._check_owner(f"waited for a timed-out call of effect {name!r} to end")
 
     async def _drain_lingering(self) -> None:
-        """At the end of a drive: wait for timed-out calls still running in their threads,
-        so a later drive of the run never overlaps them; on SIGTERM, abandon them (their
-        threads are daemons: the process can exit)."""
+        """Wait for timed-out calls still running in their threads (before a parked run
+        releases its lease, and at the end of a drive), so a later drive of the run does not
+        overlap them; on SIGTERM, abandon them: their threads are daemons and die when the
+        process exits, so only a drive that starts before that exit can overlap them."""
         while any(self._lingering.values()) and not STOP.is_set():
             await asyncio.wait(set().union(*self._lingering.values()), timeout=0.5)
 
@@ -738,6 +745,11 @@ class Driver:
         raise _Parked(status, info)
 
     def _parked(self, parked: _Parked) -> Outcome:
+        # Timed-out sync calls still running must end while this process holds the lease,
+        # or a drive elsewhere could resume the run beside them (review finding).  On
+        # SIGTERM they are abandoned: their daemon threads die when this process exits.
+        assert self._loop is not None
+        self._loop.run_until_complete(self._drain_lingering())
         try:
             self.store.renew_lease(self.run_id, self.epoch, 0.0)  # anyone may resume it now
         except errors.TccError:

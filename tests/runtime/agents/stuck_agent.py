@@ -72,3 +72,12 @@ async def gather_after_stuck():
 async def long_backoff():
     """The first attempt fails; the retry back-off is 600 s (SIGTERM here)."""
     return await flaky(1)
+
+
+async def park_with_a_stuck_thread():
+    """A timed-out call's thread is still stuck when the run parks for an approval."""
+    try:
+        await stuck_once(1)
+    except TimeoutError:
+        pass
+    return await tcc.approval("go on?")
