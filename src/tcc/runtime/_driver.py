@@ -396,6 +396,13 @@ class Driver:
                     self.replayed += 1
                     continue
                 args, kwargs = load_payload(logged.args)
+                if logged.outcome is None:  # in flight at a crash: in doubt, as in _reissue
+                    found = self._probe(eff, logged, args, kwargs)
+                    if found is not None:
+                        outcomes[i] = found[0]
+                        self.store.append_completion(self.run_id, self.epoch, found[1])
+                        self.effects += 1
+                        continue
                 todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
             else:
                 blob = self._dump_args(eff, req)
@@ -484,8 +491,22 @@ class Driver:
     def _reissue(self, effect: Effect, logged: LoggedCall) -> tuple[Pending, Completion]:
         """A call that was in flight at a crash: verify, or run again as recorded."""
         args, kwargs = load_payload(logged.args)
+        if logged.outcome is None:
+            found = self._probe(effect, logged, args, kwargs)
+            if found is not None:
+                return found
+        return self._run_attempts(effect, args, kwargs, logged.args, logged.key, logged.attempt + 1)
+
+    def _probe(
+        self, effect: Effect, logged: LoggedCall, args: tuple[Any, ...], kwargs: dict[str, Any],
+    ) -> tuple[Pending, Completion] | None:
+        """A call in flight at a crash (its intent has no completion): ask ``effect``'s verify
+        probe, if it has one.  An answer (not None) is journaled as the call's outcome under
+        a new intent and returned with its completion (not yet stored); None means the call
+        runs again, as the event recorded here says.  Sequential calls and the calls of one
+        ``tcc.gather`` both come here (a gathered call used to run again unasked)."""
         attempt = logged.attempt + 1
-        if effect.verify is not None and logged.outcome is None:
+        if effect.verify is not None:
             intent = Intent(logged.name, args, kwargs, logged.key, logged.attempt)
             verified = self._run_sync_or_async(effect.verify, (intent,), {}, effect, logged.key, attempt)
             if verified is not None:
@@ -500,7 +521,7 @@ class Driver:
             self.run_id, "in_doubt_reissued", {"effect": effect.name, "key": logged.key, "attempt": attempt},
             epoch=self.epoch,
         )
-        return self._run_attempts(effect, args, kwargs, logged.args, logged.key, attempt)
+        return None
 
     def _run_attempts(
         self,
