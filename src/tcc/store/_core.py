@@ -88,6 +88,7 @@ class StoreCore:
         self._closed = False
         self._memo_lock = threading.Lock()
         self._memos: dict[bytes, Any] = {}  # run id -> _lmdb._RunMemo
+        self._intents: dict[bytes, Any] = {}  # run id -> _lmdb._OpenIntents
 
     # ------------------------------------------------------------- properties
     @property

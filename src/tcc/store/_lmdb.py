@@ -40,6 +40,26 @@ class _RunMemo:
         self.by_addr: dict[bytes, int] = {}  # its address -> chunk id map
 
 
+class _OpenIntents:
+    """What this process knows of a run's journal from what it committed itself:
+    among records ``first`` to ``end - 1``, the intents with no completion there.
+
+    It lets a completion be checked against its intent without reading the journal
+    from the intent on (a ``tcc.gather`` of N calls read N records per completion).
+    Only commits this process saw succeed go in; records others appended since are
+    read from ``end`` on; ``created`` (the run's creation time) tells a run deleted
+    and created again under the same id.  An intent it does not list is checked by
+    reading the journal, which decides (memory only, never trusted to refuse).
+    """
+
+    __slots__ = ("created", "first", "end", "open")
+
+    def __init__(self, created: float, first: int) -> None:
+        self.created = created
+        self.first = self.end = first
+        self.open: set[int] = set()
+
+
 def _check_lease(lease: object) -> None:
     # nan would make every claimer see the owner as dead, inf would never expire
     if not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease < 0:
@@ -236,41 +256,63 @@ class LmdbStore(Maintenance):
             self._put_head(txn, "journal", key[:-8], seq + 1)
 
     def _completion(self, txn: Any, rid: bytes, seq: int, c: Completion, now: float,
-                    count: bool = True) -> None:
+                    created: float, count: bool = True) -> None:
         check_int("completion intent_seq", c.intent_seq)
         blobs = {}
         if c.result is not None:
             blobs["r"] = as_bytes("completion result", c.result)
         if c.error is not None:
             blobs["e"] = as_bytes("completion error", c.error)
-        self._check_open_intent(txn, rid, seq, c.intent_seq)
+        self._check_open_intent(txn, rid, seq, c.intent_seq, created)
         self._put_journal(txn, rid, seq, {"k": "c", "t": now, "i": c.intent_seq,
                                           "d": c.duration}, blobs, count)
 
-    def _check_open_intent(self, txn: Any, rid: bytes, seq: int, intent_seq: int) -> None:
+    def _journal_headers(self, txn: Any, rid: bytes, start: int, stop: int) -> Any:
+        """Yield ``(seq, verified header)`` of the run's journal records from ``start``
+        up to ``stop - 1`` that are stored."""
+        db = self._dbs["journal"]
+        first = seq_key(self._t, rid, start)
+        for key, value in iter_prefix(txn, db, first[:-8], first):
+            at = int.from_bytes(key[-8:], "big")
+            if key.endswith(HEAD) or len(key) != len(first) or at >= stop:
+                return
+            try:
+                h, _ = self._sealer.open(b"journal", key, value)
+            except Corrupt as exc:
+                raise self._corrupt(f"journal record {at} of run {rid.decode()!r}", exc) from None
+            yield at, h
+
+    def _check_open_intent(self, txn: Any, rid: bytes, seq: int, intent_seq: int,
+                           created: float) -> None:
         """A completion journaled at ``seq`` must answer an intent of the run that has
         no completion yet; else UsageError (and, from the caller's transaction, nothing
         written).
 
-        Reads the records from the intent up to ``seq``: in the runtime a completion
-        follows its intent directly, or after the other calls of one ``tcc.gather``.
+        What this process committed itself answers at once (:class:`_OpenIntents`);
+        otherwise the records from the intent up to ``seq`` are read.
         """
         run = rid.decode()
         if intent_seq >= seq:
             raise UsageError(
                 f"a completion of run {run!r} names intent {intent_seq}, but the run's journal "
                 f"has {seq} records; pass the sequence number append_intent returned")
-        db = self._dbs["journal"]
-        first = seq_key(self._t, rid, intent_seq)
+        with self._memo_lock:
+            known = self._intents.get(rid)
+            if known is not None and not (known.created == created and known.first <= intent_seq
+                                          and known.end <= seq):
+                known = None
+            opened = set(known.open) if known is not None else set()
+            end = known.end if known is not None else seq
+        if known is not None:
+            for at, h in self._journal_headers(txn, rid, end, seq):  # appended by others
+                if h.get("k") == "i":
+                    opened.add(at)
+                elif h.get("k") == "c":
+                    opened.discard(h.get("i"))
+            if intent_seq in opened:
+                return
         name = None
-        for key, value in iter_prefix(txn, db, first[:-8], first):
-            at = int.from_bytes(key[-8:], "big")
-            if key.endswith(HEAD) or len(key) != len(first) or at >= seq:
-                break
-            try:
-                h, _ = self._sealer.open(b"journal", key, value)
-            except Corrupt as exc:
-                raise self._corrupt(f"journal record {at} of run {run!r}", exc) from None
+        for at, h in self._journal_headers(txn, rid, intent_seq, seq):
             if name is None:
                 if at != intent_seq:
                     break
@@ -285,6 +327,23 @@ class LmdbStore(Maintenance):
                     f"(journal record {at}); an effect's outcome is journaled once")
         if name is None:
             raise self._missing(f"journal record {intent_seq} of run {run!r}")
+
+    def _noted(self, rid: bytes, created: float, seq: int, *, intent: bool = False,
+               answers: int | None = None) -> None:
+        """After a commit: journal record ``seq`` of the run is an intent (``intent``) or
+        the completion of intent ``answers``; keep :class:`_OpenIntents` up to date."""
+        with self._memo_lock:
+            known = self._intents.pop(rid, None)
+            if known is None or known.created != created or known.end != seq:
+                known = _OpenIntents(created, seq)
+            if intent:
+                known.open.add(seq)
+            elif answers is not None:
+                known.open.discard(answers)
+            known.end = seq + 1
+            self._intents[rid] = known  # most recent last
+            while len(self._intents) > 64:
+                self._intents.pop(next(iter(self._intents)))
 
     def append_intent(
         self,
@@ -303,15 +362,17 @@ class LmdbStore(Maintenance):
             raise UsageError(f"effect name must be a non-empty string, not {name!r}")
         check_int("attempt", attempt, 1)
 
-        def op(txn: Any) -> int:
-            self._fence(txn, rid, epoch)
+        def op(txn: Any) -> tuple[int, float]:
+            hdr, _ = self._fence(txn, rid, epoch)
             seq = self._next_seq(txn, "journal", prefix(self._t, rid), rid)
             self._put_journal(txn, rid, seq, {"k": "i", "t": time.time(), "n": name,
                                               "ik": idempotency_key, "a": attempt},
                               {"args": args_b})
-            return seq
+            return seq, hdr["created"]
 
-        return self._write(op)
+        seq, created = self._write(op)
+        self._noted(rid, created, seq, intent=True)
+        return seq
 
     def append_completion(self, run_id: str, epoch: int, completion: Completion, *,
                           consume_signal: str | None = None) -> int:
@@ -322,15 +383,17 @@ class LmdbStore(Maintenance):
         """
         rid = self._rid(run_id)
 
-        def op(txn: Any) -> int:
-            self._fence(txn, rid, epoch)
+        def op(txn: Any) -> tuple[int, float]:
+            hdr, _ = self._fence(txn, rid, epoch)
             seq = self._next_seq(txn, "journal", prefix(self._t, rid), rid)
             if consume_signal is not None:
                 self._consume_or_fence(txn, run_id, rid, consume_signal, epoch, seq)
-            self._completion(txn, rid, seq, completion, time.time())
-            return seq
+            self._completion(txn, rid, seq, completion, time.time(), hdr["created"])
+            return seq, hdr["created"]
 
-        return self._write(op)
+        seq, created = self._write(op)
+        self._noted(rid, created, seq, answers=completion.intent_seq)
+        return seq
 
     def _consume_or_fence(self, txn: Any, run_id: str, rid: bytes, name: str, epoch: int,
                           jseq: int | None) -> None:
@@ -433,9 +496,10 @@ class LmdbStore(Maintenance):
                 encoded[h] = encode_chunk(p)
         whole = encode_chunk(payload) if inline else b""
         box: list[Any] = []
+        answered: list[Any] = []  # [run created, seq] of the completion journaled
 
         def op(txn: Any) -> SnapshotInfo:
-            self._fence(txn, rid, epoch)
+            run_hdr, _ = self._fence(txn, rid, epoch)
             jlen = self._next_seq(txn, "journal", pfx, rid)
             if consume_signal is not None:  # recorded by the completion at jlen, if any
                 self._consume_or_fence(txn, run_id, rid, consume_signal, epoch,
@@ -444,7 +508,8 @@ class LmdbStore(Maintenance):
             # that the completion is appended at the end of its page (see _refs)
             txn.delete(pfx + HEAD, db=dbs["journal"])
             if completion is not None:
-                self._completion(txn, rid, jlen, completion, now, count=False)
+                self._completion(txn, rid, jlen, completion, now, run_hdr["created"], count=False)
+                answered[:] = [run_hdr["created"], jlen]
                 jlen += 1
             rows = self._indexed(txn, pfx, rid)
             number = rows[-1][0] + 1 if rows else 1
@@ -471,6 +536,8 @@ class LmdbStore(Maintenance):
         try:
             info = self._write(op)
             ok = True
+            if completion is not None:
+                self._noted(rid, answered[0], answered[1], answers=completion.intent_seq)
             return info
         finally:
             if ok:
