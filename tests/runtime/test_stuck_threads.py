@@ -220,3 +220,31 @@ def test_a_parked_run_keeps_its_lease_until_a_stuck_thread_ends(tmp_path):
     assert json.loads(out)["status"] == "waiting"
     assert run().lease_expiry <= time.time()  # released once the thread ended: resumable
     assert _ledger(tmp_path) == [f"start 1 pid {proc.pid}"]
+
+
+def test_a_cancel_ends_the_wait_of_a_parked_run_for_a_stuck_thread(tmp_path):
+    """While a parked run's process waits for a stuck call's thread before releasing its
+    lease, `tcc cancel` ends that wait: the run is no longer this process's to guard."""
+    cli = _cli(tmp_path)
+    proc = cli.popen("run", "--json", "--run-id", "p2", f"{AGENT}:park_with_a_stuck_thread")
+
+    def status():
+        if not cli.store.exists():
+            return None
+        try:
+            with open_store(str(cli.store)) as store:
+                return store.get_run("p2").status
+        except RunNotFoundError:
+            return None
+
+    _until(lambda: status() == "waiting", "the run to park", proc)
+    assert proc.poll() is None  # waiting for the stuck call's thread
+    cli.run("cancel", "p2", check=True)
+    try:
+        proc.communicate(timeout=60)  # the stuck call would take 600 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("a cancel did not end the wait for the stuck call") from None
+    assert not (tmp_path / "release").exists()  # the call was still stuck
+    assert status() == "cancelled"

@@ -125,11 +125,34 @@ def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:
         else:
             call = by_intent.get(rec.intent_seq if rec.intent_seq is not None else -1)
             if call is not None and call.intent_seq == rec.intent_seq:
-                if rec.error is not None:
-                    call.outcome = ("throw", load_payload(rec.error))
-                else:
-                    call.outcome = ("send", load_payload(rec.result or b""))
+                call.outcome = recorded_outcome(rec)
     return list(calls.values())
+
+
+def recorded_outcome(rec: JournalRecord) -> Pending:
+    """The outcome a completion record journaled, as the driver sends it in."""
+    if rec.error is not None:
+        return ("throw", load_payload(rec.error))
+    return ("send", load_payload(rec.result or b""))
+
+
+def answered_request(pending: Pending, records: Iterable[JournalRecord]) -> Pending:
+    """``pending`` of a run resumed from a snapshot, given the journal after it.
+
+    A snapshot taken where the run parked (a wait or a sleep: ``("request", req)``)
+    can be older than the end of that wait, whose completion then lies in the
+    journal after it: the run was resumed from there once already, and the newer
+    snapshot failed verification, or that resume used the replay strategy, which
+    takes none.  The recorded outcome stands (the signal it consumed is gone, the
+    sleep is over); journaling a second one was refused, so the run could not be
+    resumed at all (review finding).
+    """
+    seq = getattr(pending[1], "intent_seq", None) if pending[0] == "request" else None
+    if seq is not None:
+        for rec in records:
+            if rec.kind == "completion" and rec.intent_seq == seq:
+                return recorded_outcome(rec)
+    return pending
 
 
 def _explain_agent_error(exc: Exception) -> Exception:
@@ -630,13 +653,23 @@ class Driver:
             # a thread that never ends must not hide a cancel or a takeover
             self._check_owner(f"waited for a timed-out call of effect {name!r} to end")
 
-    async def _drain_lingering(self) -> None:
+    async def _drain_lingering(self, owned: bool = False) -> None:
         """Wait for timed-out calls still running in their threads (before a parked run
         releases its lease, and at the end of a drive), so a later drive of the run does not
         overlap them; on SIGTERM, abandon them: their threads are daemons and die when the
-        process exits, so only a drive that starts before that exit can overlap them."""
+        process exits, so only a drive that starts before that exit can overlap them.
+
+        ``owned``: the run still holds its lease (a parked run); a cancel or a takeover
+        (``--steal``) ends the wait, since the run is no longer this process's to guard.
+        """
         while any(self._lingering.values()) and not STOP.is_set():
             await asyncio.wait(set().union(*self._lingering.values()), timeout=0.5)
+            if owned:
+                try:
+                    self._check_owner("waited for a timed-out call to end before parking")
+                except errors.FencedError:
+                    self._lingering.clear()  # abandoned, like on SIGTERM: the drive's end
+                    return                   # does not wait for them either
 
     def _settle(self, effect: Effect) -> None:
         """Block until the threads of ``effect``'s timed-out attempts have ended.
@@ -767,10 +800,12 @@ class Driver:
 
     def _parked(self, parked: _Parked) -> Outcome:
         # Timed-out sync calls still running must end while this process holds the lease,
-        # or a drive elsewhere could resume the run beside them (review finding).  On
-        # SIGTERM they are abandoned: their daemon threads die when this process exits.
+        # or a drive elsewhere could resume the run beside them (review finding); the
+        # heartbeat keeps the lease meanwhile, for as long as such a call runs.  On SIGTERM
+        # they are abandoned (their daemon threads die when this process exits); after a
+        # cancel or a takeover (--steal) the wait ends.
         assert self._loop is not None
-        self._loop.run_until_complete(self._drain_lingering())
+        self._loop.run_until_complete(self._drain_lingering(owned=True))
         try:
             self.store.renew_lease(self.run_id, self.epoch, 0.0)  # anyone may resume it now
         except errors.TccError:

@@ -11,7 +11,7 @@ from .. import errors
 from ..capture import load_payload, native_available, unseal
 from ..store import RunInfo, Store
 from . import _scripts
-from ._driver import STATE_TAG, Driver, Outcome, _Parked, logged_calls
+from ._driver import STATE_TAG, Driver, Outcome, _Parked, answered_request, logged_calls
 
 STRATEGIES = ("continuation", "replay", "hybrid")
 
@@ -266,7 +266,9 @@ def resume(
         coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry, run_id)
         pending, calls, start_seq, waits = ("send", None), 0, 0, {}
         store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
-    replay = logged_calls(store.journal(run_id, start_seq))
+    tail = store.journal(run_id, start_seq)
+    pending = answered_request(pending, tail)
+    replay = logged_calls(tail)
     if run.status != "running":  # only once the state loaded: a refusal changes nothing
         run = store.set_status(run_id, run.epoch, "running")
     verify_name = _verify_name(store, run_id)
