@@ -241,10 +241,12 @@ def test_a_cancel_ends_the_wait_of_a_parked_run_for_a_stuck_thread(tmp_path):
     assert proc.poll() is None  # waiting for the stuck call's thread
     cli.run("cancel", "p2", check=True)
     try:
-        proc.communicate(timeout=60)  # the stuck call would take 600 s
+        out, err = proc.communicate(timeout=60)  # the stuck call would take 600 s
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         raise AssertionError("a cancel did not end the wait for the stuck call") from None
+    # reported as a cancel, as anywhere else a running process notices one (not "waiting")
+    assert proc.returncode == 1 and "was cancelled" in err and not out.strip(), (out, err)
     assert not (tmp_path / "release").exists()  # the call was still stuck
     assert status() == "cancelled"

@@ -147,3 +147,16 @@ def test_a_run_created_again_under_its_id_starts_afresh(tmp_path):
         two.append_completion(run, 1, Completion(0))  # the new run's record 1: a completion
         with pytest.raises(UsageError, match="names journal record 1, which is a completion"):
             one.append_completion(run, 1, Completion(1))
+
+
+def test_a_handle_behind_reads_from_the_intent(tmp_path, monkeypatch):
+    """A handle whose memory ends well before the intent it completes (another process
+    drove the run meanwhile) reads from the intent, not from where its memory ends."""
+    path = str(tmp_path / "s")
+    with open_store(path) as one, open_store(path) as two:
+        run = one.create_run("e").run_id
+        one.append_intent(run, 1, "llm")
+        newest = [two.append_intent(run, 1, "tool") for _ in range(300)][-1]
+        reads = _journal_reads(one, monkeypatch)
+        one.append_completion(run, 1, Completion(newest))
+        assert reads[0] <= 2  # (it was 301)

@@ -660,7 +660,8 @@ class Driver:
         process exits, so only a drive that starts before that exit can overlap them.
 
         ``owned``: the run still holds its lease (a parked run); a cancel or a takeover
-        (``--steal``) ends the wait, since the run is no longer this process's to guard.
+        (``--steal``) ends the wait with FencedError, since the run is no longer this
+        process's to guard (nor to report as parked).
         """
         while any(self._lingering.values()) and not STOP.is_set():
             await asyncio.wait(set().union(*self._lingering.values()), timeout=0.5)
@@ -669,7 +670,7 @@ class Driver:
                     self._check_owner("waited for a timed-out call to end before parking")
                 except errors.FencedError:
                     self._lingering.clear()  # abandoned, like on SIGTERM: the drive's end
-                    return                   # does not wait for them either
+                    raise                    # does not wait for them either
 
     def _settle(self, effect: Effect) -> None:
         """Block until the threads of ``effect``'s timed-out attempts have ended.
@@ -802,8 +803,8 @@ class Driver:
         # Timed-out sync calls still running must end while this process holds the lease,
         # or a drive elsewhere could resume the run beside them (review finding); the
         # heartbeat keeps the lease meanwhile, for as long as such a call runs.  On SIGTERM
-        # they are abandoned (their daemon threads die when this process exits); after a
-        # cancel or a takeover (--steal) the wait ends.
+        # they are abandoned (their daemon threads die when this process exits); a cancel
+        # or a takeover (--steal) ends the wait with FencedError, as anywhere else.
         assert self._loop is not None
         self._loop.run_until_complete(self._drain_lingering(owned=True))
         try:

@@ -299,8 +299,8 @@ class LmdbStore(Maintenance):
         with self._memo_lock:
             known = self._intents.get(rid)
             if known is not None and not (known.created == created and known.first <= intent_seq
-                                          and known.end <= seq):
-                known = None
+                                          < known.end <= seq):
+                known = None  # (an intent past its end: reading from the intent is shorter)
             opened = set(known.open) if known is not None else set()
             end = known.end if known is not None else seq
         if known is not None:
