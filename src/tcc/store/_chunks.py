@@ -174,13 +174,13 @@ def split(
                 if j is None:
                     continue
                 b = pos - sh
-                if len(old) - b == total - pos and data.startswith(old_view[b:], pos):
+                same = _common(data, pos, old_view, b)
+                if same == len(old) - b == total - pos:
                     # the whole rest is unchanged: so are its cuts
                     cuts.extend(old_cuts[j:] if not sh else [(o + sh, n, a) for o, n, a in old_cuts[j:]])
                     pos = total
                     reused = True
                     break
-                same = _common(data, pos, old_view, b)
                 # A cut is reproduced if every byte it looked at (up to and including
                 # the first byte after it) is unchanged and neither buffer ends within
                 # the chunker's window (the remaining length steers FastCDC near the
