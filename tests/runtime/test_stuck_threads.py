@@ -44,6 +44,22 @@ def _journal(cli: Cli, run_id: str):
         return []
 
 
+def _run(cli: Cli, run_id: str):
+    """The run's record; None while the run (or its store) does not exist yet."""
+    if not cli.store.exists():
+        return None
+    try:
+        with open_store(str(cli.store)) as store:
+            return store.get_run(run_id)
+    except RunNotFoundError:
+        return None
+
+
+def _status(cli: Cli, run_id: str) -> str | None:
+    info = _run(cli, run_id)
+    return None if info is None else info.status
+
+
 def _until(cond, what: str, proc, limit: float = 60) -> None:
     deadline = time.monotonic() + limit
     while not cond():
@@ -100,17 +116,7 @@ def test_sigterm_ends_the_wait_for_a_stuck_thread_after_the_run_completed(tmp_pa
     and the completed outcome is reported."""
     cli = _cli(tmp_path)
     proc = cli.popen("run", "--json", "--run-id", "f1", f"{AGENT}:finish_with_a_stuck_thread")
-
-    def completed() -> bool:
-        if not cli.store.exists():
-            return False
-        try:
-            with open_store(str(cli.store)) as store:
-                return store.get_run("f1").status == "completed"
-        except RunNotFoundError:
-            return False
-
-    _until(completed, "the run to complete", proc)
+    _until(lambda: _status(cli, "f1") == "completed", "the run to complete", proc)
     assert proc.poll() is None  # still waiting for the stuck call's thread
     doc = _terminate(proc)
     assert doc["status"] == "completed", doc
@@ -199,26 +205,16 @@ def test_a_parked_run_keeps_its_lease_until_a_stuck_thread_ends(tmp_path):
     the stuck call (review finding: the lease was released first)."""
     cli = _cli(tmp_path)
     proc = cli.popen("run", "--json", "--run-id", "p1", f"{AGENT}:park_with_a_stuck_thread")
-
-    def run():
-        if not cli.store.exists():
-            return None
-        try:
-            with open_store(str(cli.store)) as store:
-                return store.get_run("p1")
-        except RunNotFoundError:
-            return None
-
-    _until(lambda: (info := run()) is not None and info.status == "waiting", "the run to park", proc)
+    _until(lambda: _status(cli, "p1") == "waiting", "the run to park", proc)
     time.sleep(0.5)  # a lease released at the park would be visible by now
     assert proc.poll() is None  # still waiting for the stuck call's thread
-    assert run().lease_expiry > time.time(), "the lease was released while the call was stuck"
+    assert _run(cli, "p1").lease_expiry > time.time(), "the lease was released while the call was stuck"
 
     (tmp_path / "release").touch()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert json.loads(out)["status"] == "waiting"
-    assert run().lease_expiry <= time.time()  # released once the thread ended: resumable
+    assert _run(cli, "p1").lease_expiry <= time.time()  # released once the thread ended: resumable
     assert _ledger(tmp_path) == [f"start 1 pid {proc.pid}"]
 
 
@@ -227,17 +223,7 @@ def test_a_cancel_ends_the_wait_of_a_parked_run_for_a_stuck_thread(tmp_path):
     lease, `tcc cancel` ends that wait: the run is no longer this process's to guard."""
     cli = _cli(tmp_path)
     proc = cli.popen("run", "--json", "--run-id", "p2", f"{AGENT}:park_with_a_stuck_thread")
-
-    def status():
-        if not cli.store.exists():
-            return None
-        try:
-            with open_store(str(cli.store)) as store:
-                return store.get_run("p2").status
-        except RunNotFoundError:
-            return None
-
-    _until(lambda: status() == "waiting", "the run to park", proc)
+    _until(lambda: _status(cli, "p2") == "waiting", "the run to park", proc)
     assert proc.poll() is None  # waiting for the stuck call's thread
     cli.run("cancel", "p2", check=True)
     try:
@@ -249,4 +235,4 @@ def test_a_cancel_ends_the_wait_of_a_parked_run_for_a_stuck_thread(tmp_path):
     # reported as a cancel, as anywhere else a running process notices one (not "waiting")
     assert proc.returncode == 1 and "was cancelled" in err and not out.strip(), (out, err)
     assert not (tmp_path / "release").exists()  # the call was still stuck
-    assert status() == "cancelled"
+    assert _status(cli, "p2") == "cancelled"
