@@ -72,14 +72,19 @@ def _until(cond, what: str, proc, limit: float = 60) -> None:
         time.sleep(0.1)
 
 
-def _terminate(proc) -> dict:
-    proc.send_signal(signal.SIGTERM)
+def _ended(proc, failure: str) -> tuple[str, str]:
+    """The process's output once it exits; ``failure`` if it is still running after 60 s."""
     try:
-        out, err = proc.communicate(timeout=60)  # the stuck call would take 600 s
+        return proc.communicate(timeout=60)  # the stuck call would take 600 s
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise AssertionError("SIGTERM did not stop the run while a timed-out call was stuck") from None
+        raise AssertionError(failure) from None
+
+
+def _terminate(proc) -> dict:
+    proc.send_signal(signal.SIGTERM)
+    out, err = _ended(proc, "SIGTERM did not stop the run while a timed-out call was stuck")
     assert proc.returncode == 0, err
     return json.loads(out)
 
@@ -226,12 +231,7 @@ def test_a_cancel_ends_the_wait_of_a_parked_run_for_a_stuck_thread(tmp_path):
     _until(lambda: _status(cli, "p2") == "waiting", "the run to park", proc)
     assert proc.poll() is None  # waiting for the stuck call's thread
     cli.run("cancel", "p2", check=True)
-    try:
-        out, err = proc.communicate(timeout=60)  # the stuck call would take 600 s
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("a cancel did not end the wait for the stuck call") from None
+    out, err = _ended(proc, "a cancel did not end the wait for the stuck call")
     # reported as a cancel, as anywhere else a running process notices one (not "waiting")
     assert proc.returncode == 1 and "was cancelled" in err and not out.strip(), (out, err)
     assert not (tmp_path / "release").exists()  # the call was still stuck
