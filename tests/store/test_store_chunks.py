@@ -7,7 +7,15 @@ import pickle
 import random
 
 from tcc.store import open_store
-from tcc.store._chunks import SplitMemo, _chunker, split
+from tcc.store._chunks import (
+    _SKIP_MAX,
+    ChunkEncoder,
+    SplitMemo,
+    _chunker,
+    decode_inline,
+    encode_chunk,
+    split,
+)
 from tcc.store._codec import Sealer
 
 
@@ -131,3 +139,39 @@ def _chunk_census(s: object) -> tuple[int, int]:
         return stored, len(held)
 
     return s._read(op)  # type: ignore[attr-defined,no-any-return]
+
+
+def _kinds(pieces: list[bytes]) -> tuple[ChunkEncoder, list[int]]:
+    enc = ChunkEncoder()
+    stored = [enc.encode(p) for p in pieces]
+    for p, s in zip(pieces, stored):
+        assert decode_inline(s, len(p)) == p  # every stored form reads back
+    return enc, [s[0] for s in stored]
+
+
+def test_encoder_stops_trying_zstd_on_random_bytes() -> None:
+    pieces = [os.urandom(4096) for _ in range(200)]
+    enc, codecs = _kinds(pieces)
+    assert set(codecs) == {0}  # raw: nothing compressed
+    # 1 + 2 + 4 + 8 chunks skipped while backing off, then one try per 17
+    assert enc.tried <= 5 + 200 // 17 + 1
+    assert enc.tried >= 200 // 17
+
+
+def test_encoder_compresses_every_chunk_of_text() -> None:
+    pieces = [_text(4096, i) for i in range(50)]
+    enc, codecs = _kinds(pieces)
+    assert enc.tried == 50
+    assert set(codecs) == {1}
+    # exactly what encode_chunk stores
+    assert [ChunkEncoder().encode(p) for p in pieces] == [encode_chunk(p) for p in pieces]
+
+
+def test_encoder_resumes_compressing_after_a_random_run() -> None:
+    pieces = [os.urandom(4096) for _ in range(100)] + [_text(4096, i) for i in range(40)]
+    _, codecs = _kinds(pieces)
+    text = codecs[100:]
+    # at most the longest back-off is stored raw after the run; then all compress
+    first = text.index(1)
+    assert first <= _SKIP_MAX
+    assert set(text[first:]) == {1}

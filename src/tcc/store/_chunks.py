@@ -34,6 +34,7 @@ from ._codec import Corrupt, Sealer
 
 __all__ = [
     "AVG_CHUNK",
+    "ChunkEncoder",
     "Entry",
     "build_manifest",
     "INLINE_MAX",
@@ -236,6 +237,53 @@ def encode_chunk(piece: bytes | memoryview) -> bytes:
     if len(comp) < len(piece):
         return bytes([_ZSTD]) + comp
     return bytes([_RAW]) + bytes(piece)
+
+
+# A chunk that zstd shrinks by less than 1/_WORTH is "incompressible" to
+# :class:`ChunkEncoder`; after one, it stores the next 1, 2, 4 ... up to
+# _SKIP_MAX new chunks raw without trying.
+_WORTH = 32
+_SKIP_MAX = 16
+
+
+class ChunkEncoder:
+    """Encodes the new chunks of one payload, in payload order, skipping hopeless zstd calls.
+
+    zstd spends about as long failing to compress random bytes (encrypted
+    or already-compressed data, float arrays) as compressing text: 0.8 ms
+    per MiB here, a third of the store's CPU for a payload of all-new random
+    bytes.  Such bytes come in runs, so after a chunk that does not compress
+    the encoder stores the next ones raw without trying, backing off
+    exponentially (1, 2, 4 ... ``_SKIP_MAX`` chunks) while they keep failing,
+    and tries every chunk again after one that compresses.  A long random
+    run costs one zstd call per ``_SKIP_MAX + 1`` chunks; the price is that up
+    to ``_SKIP_MAX`` compressible chunks right after one are stored raw.
+    The stored form is :func:`encode_chunk`'s, so readers see no difference.
+    """
+
+    __slots__ = ("_skip", "_backoff", "tried")
+
+    def __init__(self) -> None:
+        self._skip = 0
+        self._backoff = 0
+        self.tried = 0  # zstd calls made (for tests)
+
+    def encode(self, piece: bytes | memoryview) -> bytes:
+        """Stored form of the next new chunk of the payload."""
+        if self._skip:
+            self._skip -= 1
+            return bytes([_RAW]) + bytes(piece)
+        self.tried += 1
+        comp: bytes = _zstd()[0].compress(piece)
+        n = len(piece)
+        if len(comp) * _WORTH < n * (_WORTH - 1):
+            self._backoff = 0
+            return bytes([_ZSTD]) + comp
+        self._backoff = min(2 * self._backoff or 1, _SKIP_MAX)
+        self._skip = self._backoff
+        if len(comp) < n:
+            return bytes([_ZSTD]) + comp
+        return bytes([_RAW]) + bytes(piece)
 
 
 def encode_node(content: bytes) -> bytes:

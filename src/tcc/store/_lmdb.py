@@ -13,6 +13,7 @@ from ..errors import FencedError, StoreCorruptError, StoreError, UsageError
 from ._api import RUN_STATUSES, Completion, JournalRecord, RunInfo, SnapshotInfo
 from ._chunks import (
     INLINE_MAX,
+    ChunkEncoder,
     SplitMemo,
     build_manifest,
     encode_chunk,
@@ -491,9 +492,10 @@ class LmdbStore(Maintenance):
         # transaction against the newest snapshot's MAC.
         prev_tag, prev_map = memo.tag, memo.by_addr
         encoded: dict[bytes, bytes] = {}
+        encode = ChunkEncoder().encode
         for h, p in ordered:
             if h not in prev_map and h not in encoded:
-                encoded[h] = encode_chunk(p)
+                encoded[h] = encode(p)
         whole = encode_chunk(payload) if inline else b""
         box: list[Any] = []
         answered: list[Any] = []  # [run created, seq] of the completion journaled
