@@ -182,6 +182,16 @@ class Sealer:
         digest: bytes = h.digest()
         return digest
 
+    def chunk_ids(self, pieces: list[memoryview]) -> list[bytes]:
+        """:meth:`chunk_id` of each piece (one call for the ~210 chunks of a new MiB)."""
+        base = self._chunk
+        out = []
+        for piece in pieces:
+            h = base.copy()
+            h.update(piece)
+            out.append(h.digest())
+        return out
+
     def check_tag(self, label: bytes) -> bytes:
         """A MAC proving this secret belongs to this store (kept in ``meta``)."""
         return hashlib.blake2b(label, key=self._secret, digest_size=16, person=b"tcc-check").digest()
