@@ -159,8 +159,12 @@ class RawChunked(Raw):
                 new.append((b"%016d" % self.next_id, piece))
                 self.next_id += 1
         with self.env.begin(write=True) as txn:
-            txn.cursor().putmulti(new, append=True)
-            txn.put(b"manifest", b"".join(addrs))
+            # the manifest's key sorts below every chunk key, so that the chunks can be
+            # appended (MDB_APPEND skips, without a word, a key that sorts below the last)
+            txn.put(b"\x00manifest", b"".join(addrs))
+            _, added = txn.cursor().putmulti(new, append=True)
+            if added != len(new):
+                raise RuntimeError(f"RawChunked: {len(new) - added} chunk puts were skipped")
         self.held = set(addrs)
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import pickle
 import random
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
+
+from tcc.store import _chunks as chunks_mod
 from tcc.store import open_store
 from tcc.store._chunks import (
     _SKIP_MAX,
@@ -153,9 +158,9 @@ def test_encoder_stops_trying_zstd_on_random_bytes() -> None:
     pieces = [os.urandom(4096) for _ in range(200)]
     enc, codecs = _kinds(pieces)
     assert set(codecs) == {0}  # raw: nothing compressed
-    # 1 + 2 + 4 + 8 chunks skipped while backing off, then one try per 17
-    assert enc.tried <= 5 + 200 // 17 + 1
-    assert enc.tried >= 200 // 17
+    # tries at chunks 0, 2, 5, 10, 19 (skipping 1, 2, 4, 8 while backing off), then one
+    # in every 17 (16 skipped): 36, 53, ..., 189
+    assert enc.tried == 5 + len(range(36, 200, 17))
 
 
 def test_encoder_compresses_every_chunk_of_text() -> None:
@@ -175,3 +180,50 @@ def test_encoder_resumes_compressing_after_a_random_run() -> None:
     first = text.index(1)
     assert first <= _SKIP_MAX
     assert set(text[first:]) == {1}
+
+
+class _CountingSealer(Sealer):
+    hashed = 0
+
+    def chunk_id(self, data: bytes | memoryview) -> bytes:
+        self.hashed += 1
+        return super().chunk_id(data)
+
+    def chunk_ids(self, pieces: list[memoryview]) -> list[bytes]:
+        self.hashed += len(pieces)
+        return super().chunk_ids(pieces)
+
+
+class _CountingChunker:
+    """The thread's FastCDC, counting the cuts split() takes from it."""
+
+    def __init__(self, cdc: Any) -> None:
+        self.cdc = cdc
+        self.max_size = cdc.max_size
+        self.taken = 0
+
+    def cut_buf(self, buf: memoryview) -> Iterator[Any]:
+        for ch in self.cdc.cut_buf(buf):
+            self.taken += 1
+            yield ch
+
+
+def test_split_recuts_and_hashes_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit in place of a 1 MiB payload re-cuts and re-hashes a chunk or two, not ~200."""
+    counter = _CountingChunker(_chunker())
+    monkeypatch.setattr(chunks_mod._local, "cdc", counter)
+    sealer = _CountingSealer(os.urandom(32))
+    memo = SplitMemo()
+    buf = bytearray(_text(1 << 20, 3))
+    first = split(sealer, bytes(buf), memo)
+    # the first cut cuts and hashes every chunk
+    assert sealer.hashed == counter.taken == len(first) > 150
+    rng = random.Random(5)
+    for _ in range(20):
+        at = rng.randrange(len(buf) - 64)
+        buf[at:at + 64] = os.urandom(64)
+        sealer.hashed = counter.taken = 0
+        got = split(sealer, bytes(buf), memo)
+        assert 1 <= sealer.hashed <= 3
+        assert 1 <= counter.taken <= 3
+        assert [a for a, _ in got] == [a for a, _ in _full(sealer, bytes(buf))]
