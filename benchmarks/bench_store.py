@@ -119,20 +119,25 @@ class RawAuth(Raw):
 
 
 class RawChunked(Raw):
-    """A third reference: the least a store meeting the O(delta) and MAC requirements must do.
+    """A third reference: the least a store meeting the O(delta), MAC and retention requirements does.
 
     It cuts the payload with the same FastCDC parameters as the store, hashes
-    every chunk with keyed BLAKE3 (its address and MAC), puts the chunks whose
-    address the previous commit did not have under ascending ids (MDB_APPEND,
-    as the store does) plus a manifest of the addresses, and commits.  It
-    does not compress, count references, drop old snapshots, journal or
-    fence, and it re-cuts every payload from scratch (the store re-uses the
-    previous payload's cuts where the bytes compare equal, so on small-delta
-    payloads the store can be *faster* than this).  On all-new payloads,
-    where nothing can be re-used, it is a lower bound of a chunked,
-    authenticated commit: the part of the store's cost above it is the
-    store's own bookkeeping, the part below it is what the requirements cost.
+    every chunk with keyed BLAKE3 (its address and MAC), puts the chunks it
+    does not hold yet under ascending ids (MDB_APPEND, as the store does) and
+    a manifest of the addresses, deletes the chunks that no longer belong to
+    any of the newest ``KEEP`` commits (the store's default retention; without
+    it the file grows by every all-new payload and each commit pays for the
+    growth), and commits, all in one transaction.  It does not compress, seal
+    records, keep reference counts on disk, journal or fence, and it re-cuts
+    every payload from scratch (the store re-uses the previous payload's cuts
+    where the bytes compare equal, so on small-delta payloads the store can
+    be *faster* than this).  On all-new payloads, where nothing can be
+    re-used, it is a lower bound of a chunked, authenticated commit: the part
+    of the store's cost above it is the store's own bookkeeping, the part
+    below it is what the requirements cost.
     """
+
+    KEEP = 3
 
     def __init__(self, path: str, sync: bool) -> None:
         super().__init__(path, sync)
@@ -142,22 +147,28 @@ class RawChunked(Raw):
 
         self.key = blake3.blake3(key=os.urandom(32))
         self.cdc = FastCDC(avg_size=AVG_CHUNK)
-        self.held: set[bytes] = set()
+        self.ids: dict[bytes, bytes] = {}  # address -> key of every chunk stored
+        self.window: list[set[bytes]] = []  # the addresses of each kept commit
         self.next_id = 1
 
     def commit(self, data: bytes, fresh_key: bool = False) -> None:
         view = memoryview(data)
         addrs, new = [], []
-        held, key = self.held, self.key
+        ids, key = self.ids, self.key
         for ch in self.cdc.cut_buf(view):
             piece = view[ch.offset:ch.offset + ch.length]
             h = key.copy()
             h.update(piece)
             a = h.digest()
             addrs.append(a)
-            if a not in held:
-                new.append((b"%016d" % self.next_id, piece))
+            if a not in ids:
+                ids[a] = k = b"%016d" % self.next_id
                 self.next_id += 1
+                new.append((k, piece))
+        self.window.append(set(addrs))
+        drop: set[bytes] = set()
+        if len(self.window) > self.KEEP:
+            drop = self.window.pop(0).difference(*self.window)
         with self.env.begin(write=True) as txn:
             # the manifest's key sorts below every chunk key, so that the chunks can be
             # appended (MDB_APPEND skips, without a word, a key that sorts below the last)
@@ -165,7 +176,8 @@ class RawChunked(Raw):
             _, added = txn.cursor().putmulti(new, append=True)
             if added != len(new):
                 raise RuntimeError(f"RawChunked: {len(new) - added} chunk puts were skipped")
-        self.held = set(addrs)
+            for a in drop:
+                txn.delete(ids.pop(a))
 
 
 def _store(path: str, mode: str) -> tuple[LmdbStore, str]:
