@@ -1,4 +1,4 @@
-"""Incremental chunking gives exactly the cuts and addresses of a full FastCDC cut."""
+"""Chunking: incremental cuts match a full FastCDC cut, re-cut only what changed; chunk encoding."""
 
 from __future__ import annotations
 
@@ -155,6 +155,7 @@ def _kinds(pieces: list[bytes]) -> tuple[ChunkEncoder, list[int]]:
 
 
 def test_encoder_stops_trying_zstd_on_random_bytes() -> None:
+    """A run of incompressible chunks is stored raw with one zstd try per 17 chunks."""
     pieces = [os.urandom(4096) for _ in range(200)]
     enc, codecs = _kinds(pieces)
     assert set(codecs) == {0}  # raw: nothing compressed
@@ -164,6 +165,7 @@ def test_encoder_stops_trying_zstd_on_random_bytes() -> None:
 
 
 def test_encoder_compresses_every_chunk_of_text() -> None:
+    """Compressible chunks are all tried and stored exactly as encode_chunk stores them."""
     pieces = [_text(4096, i) for i in range(50)]
     enc, codecs = _kinds(pieces)
     assert enc.tried == 50
@@ -173,6 +175,7 @@ def test_encoder_compresses_every_chunk_of_text() -> None:
 
 
 def test_encoder_resumes_compressing_after_a_random_run() -> None:
+    """After a random run, compression resumes within the longest back-off."""
     pieces = [os.urandom(4096) for _ in range(100)] + [_text(4096, i) for i in range(40)]
     _, codecs = _kinds(pieces)
     text = codecs[100:]
