@@ -119,7 +119,7 @@ class RawAuth(Raw):
 
 
 class RawChunked(Raw):
-    """A third reference: the least a store meeting the O(delta), MAC and retention requirements does.
+    """A third reference: the least a store meeting the O(delta), MAC and retention needs does.
 
     It cuts the payload with the same FastCDC parameters as the store, hashes
     every chunk with keyed BLAKE3 (its address and MAC), puts the chunks it
@@ -416,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['auth_floor_p50_ms']:8.3f} {r['ratio_auth_p50']:6.2f} "
               f"{r['cut_floor_p50_ms']:8.3f} {r['ratio_cut_p50']:6.2f}")
     print("(x: vs the raw floor; x auth: vs the raw floor plus a keyed BLAKE3 of the payload;\n"
-          " x cut: vs cutting by content, a keyed BLAKE3 per chunk and a put of each chunk the\n"
-          " previous commit lacked -- on all-new rows the least a chunked, authenticated store does)")
+          " x cut: vs cutting by content, a keyed BLAKE3 per chunk, a put of each new chunk and\n"
+          " a delete of those the newest 3 commits no longer hold -- on all-new rows the least\n"
+          " a chunked, authenticated store does)")
     print(f"\n{'size':>7} {'workload':>11} {'mode':>6} {'store':>6} {'cpu p50':>8} "
           f"{'fl cpu':>8} {'KiB/commit':>10} {'fl KiB':>8}")
     for r in lat:

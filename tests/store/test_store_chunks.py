@@ -1,4 +1,4 @@
-"""Chunking (incremental cuts equal a full FastCDC cut; only what changed is re-cut) and encoding."""
+"""Chunking (incremental cuts equal a full cut; only what changed is re-cut) and encoding."""
 
 from __future__ import annotations
 
