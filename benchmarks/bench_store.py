@@ -11,9 +11,10 @@ Two ways to run it:
   the raw floor (committing just the new 1 KiB into a fresh LMDB key).
   Latencies are also shown against a second floor that MACs the payload
   (keyed BLAKE3, the store's chunk hash) before the same put+commit, as the
-  store must, and against a third that also cuts the payload by content and
-  stores each chunk the previous commit lacked (``RawChunked``: on all-new
-  payloads, the least any chunked, authenticated store does).
+  store must, and against a third that also cuts the payload by content,
+  stores each chunk it lacks and drops those its newest 3 commits no longer
+  hold (``RawChunked``: on all-new payloads, the least any chunked,
+  authenticated store does).
   A second table splits each commit: this process's CPU time and the bytes
   handed to write calls, next to the floor's, so the part of the latency
   that is the store's own work stands apart from waiting for the disk.
