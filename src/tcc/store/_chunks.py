@@ -247,7 +247,11 @@ def split(
 
 def encode_chunk(piece: bytes | memoryview) -> bytes:
     """Stored form of a chunk: a codec byte, then zstd (or raw if that is smaller)."""
-    comp: bytes = _zstd()[0].compress(piece)
+    return _smaller(piece, _zstd()[0].compress(piece))
+
+
+def _smaller(piece: bytes | memoryview, comp: bytes) -> bytes:
+    """Stored form of ``piece`` given its zstd form ``comp``: whichever is smaller."""
     if len(comp) < len(piece):
         return bytes([_ZSTD]) + comp
     return bytes([_RAW]) + bytes(piece)
@@ -295,9 +299,7 @@ class ChunkEncoder:
             return bytes([_ZSTD]) + comp
         self._backoff = min(2 * self._backoff or 1, _SKIP_MAX)
         self._skip = self._backoff
-        if len(comp) < n:
-            return bytes([_ZSTD]) + comp
-        return bytes([_RAW]) + bytes(piece)
+        return _smaller(piece, comp)
 
 
 def encode_node(content: bytes) -> bytes:
