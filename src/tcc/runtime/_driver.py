@@ -29,6 +29,7 @@ import functools
 import inspect
 import json
 import os
+import signal
 import threading
 import time
 import traceback
@@ -62,6 +63,11 @@ Pending = tuple[str, Any]
 
 
 STOP = threading.Event()  # set by SIGTERM: stop after the current commit
+
+# Test hook: ``TCC_TEST_KILL_AFTER=K`` SIGKILLs this process right after it has committed
+# its K-th journaled step (effect call, gather, wait, sleep or spawn); 0 or unset: never.
+# ``tcc.testing.check_crash_every_step`` uses it to crash a real process at every step.
+_KILL_AFTER = int(os.environ.get("TCC_TEST_KILL_AFTER") or 0)
 
 
 class _Parked(Exception):
@@ -268,6 +274,7 @@ class Driver:
         self.replayed = 0
         self.last_effect = ""
         self._since_snapshot = 0
+        self._steps = 0  # journaled steps this process handled (for _KILL_AFTER)
         self._calls = 0
         self._replay: deque[LoggedCall] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -357,21 +364,19 @@ class Driver:
             _context.reset_current(token)
 
     def _handle(self, coro: Any, request: Any) -> Pending:
-        if isinstance(request, EffectRequest):
-            return self._call(coro, request)
-        if isinstance(request, GatherRequest):
-            return self._gather(coro, request)
+        if isinstance(request, (EffectRequest, GatherRequest, WaitRequest, SleepRequest, SpawnRequest)):
+            pending = self._journaled(coro, request)
+            self._steps += 1
+            if self._steps == _KILL_AFTER:
+                # A test hook (tcc.testing's crash-every-step checker): a real SIGKILL right
+                # after this process committed its K-th journaled step.
+                os.kill(os.getpid(), signal.SIGKILL)
+            return pending
         if isinstance(request, CheckpointRequest):
-            pending: Pending = ("send", None)
+            pending = ("send", None)
             if self.snapshots and not self._replay:
                 self._snapshot(coro, pending, None)
             return pending
-        if isinstance(request, WaitRequest):
-            return self._wait(coro, request)
-        if isinstance(request, SleepRequest):
-            return self._sleep(coro, request)
-        if isinstance(request, SpawnRequest):
-            return self._spawn(coro, request)
         if request is None:  # a bare `yield` / asyncio.sleep(0): just continue
             return ("send", None)
         return (
@@ -382,6 +387,19 @@ class Driver:
                 "cannot be awaited inside a tcc run; wrap the work in a @tcc.effect)"
             ),
         )
+
+    def _journaled(self, coro: Any, request: Any) -> Pending:
+        """A request whose outcome the journal records: an effect call, a gather, a wait,
+        a sleep or a spawn."""
+        if isinstance(request, EffectRequest):
+            return self._call(coro, request)
+        if isinstance(request, GatherRequest):
+            return self._gather(coro, request)
+        if isinstance(request, WaitRequest):
+            return self._wait(coro, request)
+        if isinstance(request, SleepRequest):
+            return self._sleep(coro, request)
+        return self._spawn(coro, request)
 
     # ---------------------------------------------------------- effect calls
 
