@@ -22,6 +22,7 @@ __all__ = [
     "FencedError",
     "RunNotFoundError",
     "ReplayDivergenceError",
+    "UnawaitedEffectError",
     "InternalError",
     "UsageError",
     "ScriptImportError",
@@ -95,6 +96,10 @@ class RunNotFoundError(StoreError, LookupError):
 
 class ReplayDivergenceError(TccError, RuntimeError):
     """Replayed code asked for a different effect than the journal holds."""
+
+
+class UnawaitedEffectError(TccError, RuntimeError):
+    """Inside a run, an effect call (or tcc.sleep, tcc.wait_for ...) was never awaited."""
 
 
 class UsageError(TccError, ValueError):

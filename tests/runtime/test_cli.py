@@ -155,7 +155,9 @@ def test_changed_script_is_refused_on_resume_and_replay_is_offered(tmp_path):
     source = (AGENTS / "ledger_agent.py").read_text()
     script.write_text(source)
     ledger = tmp_path / "ledger.txt"
-    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.2", STEPS="6")
+    # SALT=step: replay serves a journaled answer only to the same call, so the agent's
+    # arguments must not be random
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.2", STEPS="6", SALT="step")
     proc = cli.popen("run", "--run-id", "drift", str(script))
     while not ledger.exists() or len(ledger.read_text().splitlines()) < 3:
         time.sleep(0.05)
@@ -192,7 +194,7 @@ def test_live_owner_blocks_resume_until_dead(tmp_path):
 def test_without_native_module_runs_recover_by_replay(tmp_path):
     """With the native module disabled, tcc run says so once and recovers by replaying the journal."""
     ledger = tmp_path / "ledger.txt"
-    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="6", TCC_DISABLE_NATIVE="1")
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="6", TCC_DISABLE_NATIVE="1", SALT="step")
     proc = cli.popen("run", "--run-id", "nonative", str(AGENTS / "ledger_agent.py"))
     while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
         time.sleep(0.05)

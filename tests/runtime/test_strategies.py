@@ -27,12 +27,14 @@ def test_each_strategy_recovers_a_killed_run_to_the_same_result(tmp_path, strate
     reference.env.pop("DIE_AT")
     expected = json.loads(reference.run("run", "--json", LEDGER_AGENT, check=True).stdout)["result"]
 
-    cli = Cli(tmp_path, LEDGER=str(ledger), STEPS=str(STEPS))
+    # replay and hybrid serve journaled answers only to the same calls: a deterministic salt
+    salt = {} if strategy == "continuation" else {"SALT": "step"}
+    cli = Cli(tmp_path, LEDGER=str(ledger), STEPS=str(STEPS), **salt)
     dying = cli.run("run", "--run-id", "s", "--strategy", strategy, *extra, LEDGER_AGENT,
                     timeout=120, check=False)
     assert dying.returncode != 0
     assert cli.show("s")["strategy"] == stored
-    survivor = Cli(tmp_path, LEDGER=str(ledger), STEPS=str(STEPS))
+    survivor = Cli(tmp_path, LEDGER=str(ledger), STEPS=str(STEPS), **salt)
     survivor.env.pop("DIE_AT", None)
     doc = json.loads(survivor.run("resume", "--json", "s", check=True).stdout)
     assert doc["status"] == "completed" and doc["result"] == expected

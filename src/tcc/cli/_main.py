@@ -36,7 +36,7 @@ def _check_args(args: argparse.Namespace) -> None:
     durability = getattr(args, "durability", "sync")
     if durability not in ("sync", "group", "none"):  # only $TCC_DURABILITY can get here
         raise UsageError(f"TCC_DURABILITY={durability!r} is not one of sync, group, none")
-    for name, least, strict in (("checkpoint_every", 1, False), ("lease", 0, True),
+    for name, least, strict in (("checkpoint_every", 1, False), ("keep", 1, False), ("lease", 0, True),
                                 ("wait", 0, False), ("poll", 0, True), ("concurrency", 1, False)):
         value = getattr(args, name, None)
         if value is not None and not math.isfinite(value):  # nan, inf: a lease of nan renews
@@ -55,6 +55,7 @@ def _check_args(args: argparse.Namespace) -> None:
             check_name("run id", value)  # UsageError naming it
     if hasattr(args, "tenant"):
         check_name("tenant", args.tenant)
+        _store_keep()  # a bad $TCC_KEEP is a usage error before any store is opened
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="ownership lease, renewed while the run is alive (default: 30)")
     run.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                      help="at a tcc.wait_for/approval, wait this long in-process before parking")
+    run.add_argument("--keep", type=int, default=None, metavar="N",
+                     help="retain the N newest snapshots of this run (default: $TCC_KEEP, else 3); "
+                          "older ones are deleted, so `tcc fork --at`/`inspect --at` cannot reach them")
     run.add_argument("--verify", metavar="FUNC",
                      help="check the result with FUNC(result) before completing (default: the "
                           "script's verify() if it has one); a failed check leaves the run unverified")
@@ -102,6 +106,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="at a tcc.wait_for/approval, wait this long in-process before parking")
     resume.add_argument("run_id", metavar="RUN_ID")
     resume.set_defaults(handler=_cmd_resume)
+
+    retry = sub.add_parser("retry", help="continue a run that failed in an effect call: issue that "
+                           "call again (same idempotency key, a new attempt)")
+    _common(retry)
+    retry.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                       help="ownership lease, renewed while the run is alive (default: 30)")
+    retry.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                       help="at a tcc.wait_for/approval, wait this long in-process before parking")
+    retry.add_argument("run_id", metavar="RUN_ID")
+    retry.set_defaults(handler=_cmd_retry)
 
     signal = sub.add_parser("signal", help="deliver a value to a run's tcc.wait_for(NAME)")
     _common(signal)
@@ -130,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     fork.add_argument("--at", type=int, default=None, metavar="N", help="snapshot number (default: newest)")
     fork.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
                       help="change a local of the innermost agent frame before the fork resumes")
+    fork.add_argument("--answer", metavar="JSON", default=None,
+                      help="replace the answer the resumed frame receives from the effect call "
+                           "it awaits (\"what if the model had answered X?\")")
     fork.add_argument("--run-id", dest="new_run_id", help="id for the new run")
     fork.set_defaults(handler=_cmd_fork)
 
@@ -174,7 +191,22 @@ def _parser() -> argparse.ArgumentParser:
 def _open(args: argparse.Namespace, *, create: bool) -> Any:
     from ..store import open_store
 
-    return open_store(args.store, tenant=args.tenant, create=create, durability=args.durability)
+    return open_store(args.store, tenant=args.tenant, create=create, durability=args.durability,
+                      keep=_store_keep())
+
+
+def _store_keep() -> int:
+    """The store-wide snapshot retention: ``$TCC_KEEP``, else 3."""
+    raw = os.environ.get("TCC_KEEP", "").strip()
+    if not raw:
+        return 3
+    try:
+        keep = int(raw)
+    except ValueError:
+        keep = 0
+    if keep < 1:
+        raise UsageError(f"TCC_KEEP={raw!r} must be a whole number of snapshots, at least 1")
+    return keep
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -182,13 +214,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     with _open(args, create=True) as store:
         if args.run_id:
-            try:
-                existing = store.get_run(args.run_id)
-            except RunNotFoundError:
-                existing = None
+            existing = runtime.reusable_run(store, args.run_id, args.script, args.args)
             if existing is not None:
-                if existing.status in ("completed", "cancelled", "failed"):
-                    raise UsageError(f"run {args.run_id} exists and is {existing.status}")
                 _render.started(existing.run_id, resumed=True, as_json=args.json)
                 outcome = runtime.resume(
                     store, args.run_id, checkpoint_every=args.checkpoint_every, lease=args.lease,
@@ -208,7 +235,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         every = args.checkpoint_every or (10 if strategy == "hybrid" else 1)
         outcome = runtime.start(
             store, args.script, args.args, run_id=args.run_id, strategy=strategy,
-            checkpoint_every=every, lease=args.lease,
+            checkpoint_every=every, lease=args.lease, keep=args.keep,
             progress=_render.progress_printer(), wait_seconds=args.wait, verify=args.verify,
             on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
         )
@@ -226,6 +253,19 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             lease=args.lease, steal=args.steal, progress=_render.progress_printer(),
             wait_seconds=args.wait,
         )
+        return _render.outcome(outcome, as_json=args.json)
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    from .. import runtime
+
+    with _open(args, create=False) as store:
+        run = store.get_run(args.run_id)
+        if run.status != "failed":  # said before "resuming", as resume says its refusals
+            runtime.retry(store, args.run_id)
+        _render.started(args.run_id, resumed=True, as_json=args.json)
+        outcome = runtime.retry(store, args.run_id, lease=args.lease,
+                                progress=_render.progress_printer(), wait_seconds=args.wait)
         return _render.outcome(outcome, as_json=args.json)
 
 
@@ -324,8 +364,15 @@ def _cmd_fork(args: argparse.Namespace) -> int:
             sets[name] = json.loads(raw)
         except ValueError as exc:
             raise UsageError(f"--set {name}: the value must be JSON ({exc})") from None
+    extra: dict[str, Any] = {}
+    if args.answer is not None:
+        try:
+            extra["answer"] = json.loads(args.answer)
+        except ValueError as exc:
+            raise UsageError(f"--answer: the value must be JSON ({exc})") from None
     with _open(args, create=False) as store:
-        child = runtime.fork(store, args.run_id, at=args.at, sets=sets, new_run_id=args.new_run_id)
+        child = runtime.fork(store, args.run_id, at=args.at, sets=sets, new_run_id=args.new_run_id,
+                             **extra)
     if args.json:
         print(json.dumps({"id": child.run_id, "parent": args.run_id}))
     else:

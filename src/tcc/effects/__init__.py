@@ -20,6 +20,7 @@ from ._effect import gather as gather
 from ._effect import lookup as lookup
 from ._resource import Resource as Resource
 from ._resource import resource as resource
+from ._resource import reusing_live_resources as reusing_live_resources
 
 __all__ = [
     "CheckpointRequest",
@@ -38,6 +39,7 @@ __all__ = [
     "gather",
     "lookup",
     "resource",
+    "reusing_live_resources",
     "sleep",
     "sleep_until",
     "spawn",

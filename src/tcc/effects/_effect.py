@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import contextvars
 import math
 import sys
 import threading
@@ -27,8 +28,63 @@ _REGISTRY_LOCK = threading.Lock()
 
 _R = TypeVar("_R")
 
+_PUBLIC_NAMES = {"GatherRequest": "tcc.gather", "CheckpointRequest": "tcc.checkpoint",
+                 "WaitRequest": "tcc.wait_for", "SleepRequest": "tcc.sleep",
+                 "SpawnRequest": "tcc.spawn"}
 
-class EffectRequest:
+
+class _Request:
+    """Base of the requests a run's agent awaits: remembers whether it was awaited.
+
+    Inside a run, calling an effect (or ``tcc.sleep`` ...) only makes a request;
+    nothing happens until the agent awaits it.  A forgotten ``await`` would
+    leave the request object in the agent's hands as if it were the answer,
+    so the driver fails the run when a request made in a step was not awaited
+    by the end of that step (:func:`made_requests`).  ``_site`` (file:line of
+    the call) and ``_awaited`` are not pickled: a request in a snapshot was
+    awaited (the frame is suspended on it).
+    """
+
+    __slots__ = ("_site", "_awaited")
+
+    def _mark(self) -> None:
+        self._awaited = True
+
+    def _track(self, depth: int = 2) -> None:
+        made = _MADE.get()
+        if made is None:
+            return
+        frame = sys._getframe(depth)
+        self._site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        self._awaited = False
+        made.append(self)
+
+
+_MADE: contextvars.ContextVar[list[_Request] | None] = contextvars.ContextVar("tcc_made", default=None)
+
+
+def track_requests(made: list[_Request] | None) -> contextvars.Token[list[_Request] | None]:
+    """Collect the requests made from now on into ``made`` (the driver, around a step)."""
+    return _MADE.set(made)
+
+
+def untrack_requests(token: contextvars.Token[list[_Request] | None]) -> None:
+    _MADE.reset(token)
+
+
+def unawaited(made: list[_Request]) -> list[_Request]:
+    """The requests of ``made`` that were never awaited (nor handed to ``tcc.gather``)."""
+    return [r for r in made if not getattr(r, "_awaited", True)]
+
+
+def describe_request(req: Any) -> str:
+    """``search(...)`` or ``tcc.sleep(...)``: the call that made ``req``, for messages."""
+    if isinstance(req, EffectRequest):
+        return f"{req.name.rpartition(':')[2]}(...)"
+    return f"{_PUBLIC_NAMES.get(type(req).__name__, type(req).__name__)}(...)"
+
+
+class EffectRequest(_Request):
     """One effect call, as seen by the driver (picklable)."""
 
     __slots__ = ("name", "args", "kwargs")
@@ -39,6 +95,7 @@ class EffectRequest:
         self.kwargs = kwargs
 
     def __await__(self) -> Any:
+        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:
@@ -48,7 +105,7 @@ class EffectRequest:
         return f"<effect {self.name}>"
 
 
-class GatherRequest:
+class GatherRequest(_Request):
     """Several effect calls to run concurrently (``tcc.gather``)."""
 
     __slots__ = ("requests",)
@@ -57,25 +114,27 @@ class GatherRequest:
         self.requests = requests
 
     def __await__(self) -> Any:
+        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:
         return (GatherRequest, (self.requests,))
 
 
-class CheckpointRequest:
+class CheckpointRequest(_Request):
     """An explicit ``await tcc.checkpoint()``."""
 
     __slots__ = ()
 
     def __await__(self) -> Any:
+        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:
         return (CheckpointRequest, ())
 
 
-class WaitRequest:
+class WaitRequest(_Request):
     """``await tcc.wait_for(name)`` / ``tcc.approval(prompt)``: park until a signal.
 
     The driver fills ``wait_id``, ``key``, ``intent_seq`` and ``deadline`` the
@@ -96,6 +155,7 @@ class WaitRequest:
         self.deadline: float | None = None
 
     def __await__(self) -> Any:
+        self._awaited = True
         return (yield self)
 
     def __getstate__(self) -> Any:
@@ -109,7 +169,7 @@ class WaitRequest:
         return f"<wait {self.wait_id or self.name}>"
 
 
-class SleepRequest:
+class SleepRequest(_Request):
     """``await tcc.sleep(seconds)``: a durable timer until ``until`` (epoch seconds)."""
 
     __slots__ = ("until", "key", "intent_seq")
@@ -120,6 +180,7 @@ class SleepRequest:
         self.intent_seq: int | None = None
 
     def __await__(self) -> Any:
+        self._awaited = True
         return (yield self)
 
     def __getstate__(self) -> Any:
@@ -130,7 +191,7 @@ class SleepRequest:
             setattr(self, k, v)
 
 
-class SpawnRequest:
+class SpawnRequest(_Request):
     """``await tcc.spawn(fn, *args)``: run ``fn`` as a child run and return its result."""
 
     __slots__ = ("func", "args")
@@ -140,6 +201,7 @@ class SpawnRequest:
         self.args = args
 
     def __await__(self) -> Any:
+        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:
@@ -330,14 +392,18 @@ def _duplicate_message(old: Effect, new: Effect) -> str:
 def _switch_if_sync(request: _R) -> _R:
     """In a sync run (a greenlet), hand the request to the driver and return its answer.
 
-    Typed for the async case (the request itself comes back, to be awaited),
-    as the public helpers that call this are.
+    In an async run, the request comes back to be awaited, and is remembered
+    (with the file:line of the caller's call) so that the driver can fail a
+    run whose agent forgot the ``await``.  Typed for the async case, as the
+    public helpers that call this are.
     """
     greenlet = sys.modules.get("greenlet")
     if greenlet is not None:
         current = greenlet.getcurrent()
         if type(current).__name__ == "SyncRun" and current.parent is not None:
             return cast(_R, current.parent.switch(request))
+    if isinstance(request, _Request):
+        request._track(3)  # _track <- here <- Effect.__call__ / tcc.sleep ... <- the caller
     return request
 
 
@@ -392,6 +458,8 @@ def gather(*calls: Any) -> GatherRequest:
             "tcc.gather() takes effect calls made inside a run, e.g. "
             f"tcc.gather(search('a'), search('b')); got {bad[0]!r}"
         )
+    for call in calls:
+        call._mark()  # awaited through the gather
     return _switch_if_sync(GatherRequest(tuple(calls)))
 
 

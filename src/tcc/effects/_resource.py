@@ -7,24 +7,49 @@ restore instead of refused.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import contextvars
+import uuid
+import weakref
+from typing import Any, Callable, Iterator
 
 # "Not built yet".  Not None: a factory may return None, and must then be
 # called once, not again on every use.  Never captured: a snapshot records the
 # factory call (``__reduce__``), not ``_obj``.
 _UNBUILT: Any = object()
 
+# The resources alive in this process, by token.  While the driver copies an
+# effect's arguments (an effect receives a fresh copy of their recorded form),
+# a resource in them that is alive in this process is that same live resource,
+# so a client passed to an effect is not built again for every call.  Anywhere
+# else (tcc.loads, a restore, a fork) a resource is a new, unbuilt one.
+_LIVE: "weakref.WeakValueDictionary[str, Resource]" = weakref.WeakValueDictionary()
+_REUSE: contextvars.ContextVar[bool] = contextvars.ContextVar("tcc_reuse_resources", default=False)
+
+
+@contextlib.contextmanager
+def reusing_live_resources() -> Iterator[None]:
+    """Within this block, unpickling a resource alive in this process gives that resource."""
+    token = _REUSE.set(True)
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
+
 
 class Resource:
     """A lazily built object that snapshots as its factory call."""
 
-    __slots__ = ("_factory", "_args", "_kwargs", "_obj")
+    __slots__ = ("_factory", "_args", "_kwargs", "_obj", "_token", "__weakref__")
 
     def __init__(self, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         object.__setattr__(self, "_factory", factory)
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_kwargs", kwargs)
         object.__setattr__(self, "_obj", _UNBUILT)
+        token = uuid.uuid4().hex
+        object.__setattr__(self, "_token", token)
+        _LIVE[token] = self
 
     def _get(self) -> Any:
         obj = object.__getattribute__(self, "_obj")
@@ -79,12 +104,27 @@ class Resource:
                 object.__getattribute__(self, "_factory"),
                 object.__getattribute__(self, "_args"),
                 object.__getattribute__(self, "_kwargs"),
+                object.__getattribute__(self, "_token"),
             ),
         )
 
     @staticmethod
-    def _rebuild(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> "Resource":
-        return Resource(factory, *args, **kwargs)
+    def _rebuild(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                 token: str | None = None) -> "Resource":
+        """A new, unbuilt resource; within :func:`reusing_live_resources`, the live
+        resource of ``token`` in this process if there is one.
+
+        (Snapshots written before the token existed pass three arguments.)
+        """
+        live = _LIVE.get(token) if token is not None and _REUSE.get() else None
+        if live is not None:
+            return live
+        new = Resource(factory, *args, **kwargs)
+        if token is not None:  # keeps its identity for later copies in this process
+            del _LIVE[object.__getattribute__(new, "_token")]
+            object.__setattr__(new, "_token", token)
+            _LIVE[token] = new
+        return new
 
     def __repr__(self) -> str:
         factory = object.__getattribute__(self, "_factory")

@@ -9,6 +9,8 @@ from ._runs import STRATEGIES as STRATEGIES
 from ._worker import Worker as Worker
 from ._worker import pending_waits as pending_waits
 from ._runs import resume as resume
+from ._runs import retry as retry
+from ._runs import reusable_run as reusable_run
 from ._runs import start as start
 from ._scripts import load_script as load_script
 
@@ -23,5 +25,7 @@ __all__ = [
     "load_script",
     "pending_waits",
     "resume",
+    "retry",
+    "reusable_run",
     "start",
 ]

@@ -29,6 +29,7 @@ import functools
 import inspect
 import json
 import os
+import reprlib
 import signal
 import threading
 import time
@@ -38,7 +39,7 @@ from typing import Any, Callable, Iterable
 
 from .. import errors
 from ..capture import dump_payload, load_payload, seal
-from ..effects import _context
+from ..effects import _context, reusing_live_resources
 from ..effects._effect import (
     CheckpointRequest,
     Effect,
@@ -47,13 +48,20 @@ from ..effects._effect import (
     SleepRequest,
     SpawnRequest,
     WaitRequest,
+    describe_request,
     lookup,
+    track_requests,
+    unawaited,
+    untrack_requests,
 )
 from ..store import Completion, JournalRecord, Store
+from ._globals import ModuleState
 from ._trace import Tracer
 
 STATE_TAG = "tcc-run-state"
-STATE_VERSION = 2
+# 2: (tag, version, coro, pending, calls, waits); 3 adds the agent modules' globals
+# (runtime/_globals.py).  A resume reads all of them.
+STATE_VERSION = 3
 WAIT_EFFECT = "tcc:wait"
 SLEEP_EFFECT = "tcc:sleep"
 SPAWN_EFFECT = "tcc:spawn"
@@ -89,6 +97,7 @@ class LoggedCall:
     attempt: int
     intent_seq: int
     outcome: Pending | None = None
+    retry: bool = False  # `tcc retry`: issue this failed call again, as a new attempt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +170,78 @@ def answered_request(pending: Pending, records: Iterable[JournalRecord]) -> Pend
     return pending
 
 
+_TCC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def await_site(coro: Any) -> str:
+    """file:line of the innermost agent frame in ``coro``'s await chain (tcc's own frames,
+    like a request's ``__await__``, are skipped); ``?`` when there is none."""
+    site, obj = "?", coro
+    for _ in range(10_000):
+        frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
+        if frame is None:
+            break
+        if not frame.f_code.co_filename.startswith(_TCC_DIR):
+            site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        obj = getattr(obj, "cr_await", None) or getattr(obj, "gi_yieldfrom", None)
+    return site
+
+
+def call_repr(name: str, args: Any, kwargs: Any = None, limit: int = 300) -> str:
+    """``search('q', k=3)`` for messages, cut to ``limit`` characters."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 80
+    parts = [short.repr(a) for a in args] + [f"{k}={short.repr(v)}" for k, v in (kwargs or {}).items()]
+    text = f"{name.rpartition(':')[2]}({', '.join(parts)})"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _same_arguments(recorded: bytes, now: bytes) -> bool:
+    """Do two journaled argument payloads denote the same call?
+
+    Equal bytes settle it.  Otherwise the two are loaded and compared with
+    ``==``: the same values can pickle differently in two processes (a set of
+    strings is ordered by the process's hash seed).
+    """
+    if recorded == now:
+        return True
+    try:
+        return bool(load_payload(recorded) == load_payload(now))
+    except Exception:  # noqa: BLE001 - e.g. an array's ambiguous truth value: not the same
+        return False
+
+
+def _forgotten_await(made: list[Any], during: BaseException | None = None) -> errors.UnawaitedEffectError:
+    """The error that fails a run whose agent made a request (an effect call, tcc.sleep ...)
+    and never awaited it: outside a run the call would have returned its value, inside one
+    the request object would silently stand in for it."""
+    forgotten = unawaited(made)
+    call = describe_request(forgotten[0])
+    kind = "the effect call" if isinstance(forgotten[0], EffectRequest) else "the call"
+    also = f" (and {len(forgotten) - 1} more in the same step)" if len(forgotten) > 1 else ""
+    err = errors.UnawaitedEffectError(
+        f"{kind} {call} at {getattr(forgotten[0], '_site', '?')} was never awaited{also}: inside "
+        f"a tcc run it returns a request that runs only when awaited, so write `await {call}` "
+        "(effect calls may also go to tcc.gather(...)) before the agent's next await"
+    )
+    if during is not None:
+        err.__context__ = during
+    return err
+
+
 def _explain_agent_error(exc: Exception) -> Exception:
     if isinstance(exc, RuntimeError) and "no running event loop" in str(exc):
+        tb, last = exc.__traceback__, None
+        while tb is not None:
+            last, tb = tb.tb_frame.f_code, tb.tb_next
+        if last is not None and last.co_name == "sleep" and \
+                last.co_filename.replace(os.sep, "/").endswith("asyncio/tasks.py"):
+            hint = RuntimeError(
+                f"{exc}: asyncio APIs do not work inside a tcc run, because the tcc driver, "
+                "not an asyncio loop, runs the agent; instead of asyncio.sleep(), use "
+                "`await tcc.sleep(seconds)`, a durable timer that also survives a crash")
+            hint.__cause__ = exc
+            return hint
         hint = RuntimeError(
             f"{exc}: asyncio APIs do not work inside a tcc run, because the tcc driver, "
             "not an asyncio loop, runs the agent; put asyncio work inside a @tcc.effect"
@@ -251,6 +330,7 @@ class Driver:
         sleep_inline: float | None = None,
         verify: Callable[[Any], Any] | None = None,
         spawner: Callable[[str, str, tuple[Any, ...]], Pending] | None = None,
+        modules: ModuleState | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be >= 1")
@@ -268,6 +348,7 @@ class Driver:
         self.waits: dict[str, int] = {}
         self.verify = verify
         self.spawner = spawner
+        self.modules = modules
         self.tracer = Tracer(store, run_id)
         self.effects = 0
         self.checkpoints = 0
@@ -315,16 +396,23 @@ class Driver:
                     except SystemExit as exc:
                         return self._exited(exc, "an effect of the agent")
                     continue
+                made: list[Any] = []
                 try:
-                    request = self._step(coro, pending)
+                    request = self._step(coro, pending, made)
                 except StopIteration as stop:
+                    if unawaited(made):
+                        return self._finish("failed", exc=_forgotten_await(made))
                     return self._finish("completed", result=stop.value)
                 except errors.FencedError:
                     raise
                 except Exception as exc:  # the agent itself failed
+                    if unawaited(made):  # most likely because it used a request as a value
+                        return self._finish("failed", exc=_forgotten_await(made, exc))
                     return self._finish("failed", exc=_explain_agent_error(exc))
                 except SystemExit as exc:
                     return self._exited(exc, "the agent")
+                if unawaited(made):
+                    return self._finish("failed", exc=_forgotten_await(made))
                 try:
                     pending = self._handle(coro, request)
                 except _Parked as parked:
@@ -354,13 +442,16 @@ class Driver:
         failed.__cause__ = exc
         return self._finish("failed", exc=failed)
 
-    def _step(self, coro: Any, pending: Pending) -> Any:
+    def _step(self, coro: Any, pending: Pending, made: list[Any] | None = None) -> Any:
+        """Send ``pending`` into ``coro``; the requests the agent makes meanwhile go to ``made``."""
         token = _context.set_current(_context.Current(self.run_id))
+        tracked = track_requests(made)
         try:
             if pending[0] == "throw":
                 return coro.throw(pending[1])
             return coro.send(pending[1])
         finally:
+            untrack_requests(tracked)
             _context.reset_current(token)
 
     def _handle(self, coro: Any, request: Any) -> Pending:
@@ -412,13 +503,22 @@ class Driver:
         effect = self._effect(request.name)
         if self._replay:
             logged = self._take_logged(key, request.name)
-            if logged.outcome is not None and not self._should_retry(effect, logged):
+            self._check_arguments(coro, logged, effect, request)
+            if logged.retry:
+                self.store.add_event(self.run_id, "retried", {"effect": effect.name, "key": key,
+                                                              "attempt": logged.attempt + 1},
+                                     epoch=self.epoch)
+                outcome, completion = self._run_attempts(
+                    effect, logged.args, key, logged.attempt + 1,
+                    last=logged.attempt + 1 + effect.retries)
+            elif logged.outcome is not None and not self._should_retry(effect, logged):
                 self.replayed += 1
                 return logged.outcome
-            outcome, completion = self._reissue(effect, logged)
+            else:
+                outcome, completion = self._reissue(effect, logged)
         else:
             args = self._dump_args(effect, request)
-            outcome, completion = self._run_attempts(effect, request.args, request.kwargs, args, key, 1)
+            outcome, completion = self._run_attempts(effect, args, key, 1)
         self._completed(coro, outcome, completion)
         return outcome
 
@@ -432,6 +532,7 @@ class Driver:
             key = f"{base}.{i}"
             if self._replay:
                 logged = self._take_logged(key, req.name)
+                self._check_arguments(coro, logged, eff, req)
                 if logged.outcome is not None and not self._should_retry(eff, logged):
                     outcomes[i] = logged.outcome
                     self.replayed += 1
@@ -447,7 +548,9 @@ class Driver:
                 todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
             else:
                 blob = self._dump_args(eff, req)
-                todo.append((i, eff, req.args, req.kwargs, blob, key, 1))
+                with reusing_live_resources():  # the recorded copy, as in _run_attempts
+                    args, kwargs = load_payload(blob)
+                todo.append((i, eff, args, kwargs, blob, key, 1))
         if todo:
             seqs = [
                 self.store.append_intent(
@@ -522,6 +625,33 @@ class Driver:
             )
         return logged
 
+    def _check_arguments(self, coro: Any, logged: LoggedCall, effect: Effect, request: EffectRequest) -> None:
+        """A call served from the journal must be the call the journal recorded, with the
+        same arguments: its recorded answer belongs to them (an edited `step(i)` to
+        `step(i * 10)` must not receive the answers to `step(i)`).  A call that was in
+        flight at a crash is exempt: it is re-issued with the arguments it was recorded
+        with, whatever the agent computes now (README, "Effect semantics")."""
+        if logged.outcome is None and not logged.retry:
+            return  # in flight at a crash: re-issued with its recorded arguments, by design
+        now = self._dump_args(effect, request)
+        if _same_arguments(logged.args, now):
+            return
+        try:
+            then_args, then_kwargs = load_payload(logged.args)
+            then = call_repr(logged.name, then_args, then_kwargs)
+        except Exception as exc:  # noqa: BLE001 - the message must still be given
+            then = f"{logged.name.rpartition(':')[2]}(<unreadable: {type(exc).__name__}>)"
+        self._diverged(coro, f"call {logged.key.rpartition(':')[2]}",
+                       call_repr(request.name, request.args, request.kwargs), then)
+
+    def _diverged(self, coro: Any, which: str, now: str, then: str) -> None:
+        raise errors.ReplayDivergenceError(
+            f"run {self.run_id}: {which} at {await_site(coro)} is now {now}, but the journal "
+            f"recorded {then}; a journaled answer is served only to the call that was "
+            "recorded, so the run stops here (the code changed, or computes the call from "
+            "something that differs between processes, such as the time or a random number)"
+        )
+
     def _should_retry(self, effect: Effect, logged: LoggedCall) -> bool:
         return (
             logged.outcome is not None
@@ -536,7 +666,7 @@ class Driver:
             found = self._probe(effect, logged, args, kwargs)
             if found is not None:
                 return found
-        return self._run_attempts(effect, args, kwargs, logged.args, logged.key, logged.attempt + 1)
+        return self._run_attempts(effect, logged.args, logged.key, logged.attempt + 1)
 
     def _probe(
         self, effect: Effect, logged: LoggedCall, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -567,12 +697,23 @@ class Driver:
     def _run_attempts(
         self,
         effect: Effect,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
         args_blob: bytes,
         key: str,
         first_attempt: int,
+        last: int | None = None,
     ) -> tuple[Pending, Completion]:
+        """Run ``effect`` on its recorded arguments until an attempt succeeds or its retries
+        are spent.
+
+        Each attempt receives a fresh copy of the arguments as journaled (``args_blob``),
+        never the agent's own objects: an effect that mutates an argument would otherwise
+        change the agent's state on a live call but not when its answer is served from the
+        journal, nor when a re-issued call mutates the recorded copy.  Only the return value
+        reaches the agent, on every path.  ``last``: the last attempt number allowed
+        (default: the effect's first attempt plus its retries).
+        """
+        if last is None:
+            last = effect.retries + 1
         attempt = first_attempt
         self._settle(effect)  # an earlier call of it timed out and its thread still runs
         while True:
@@ -583,6 +724,8 @@ class Driver:
             t0 = time.perf_counter()
             with self.tracer.span("tcc.effect", {"tcc.effect": effect.name, "tcc.idempotency_key": key,
                                                  "tcc.attempt": attempt}) as span:
+                with reusing_live_resources():
+                    args, kwargs = load_payload(args_blob)
                 try:
                     outcome: Pending = ("send", self._run_sync_or_async(effect.fn, args, kwargs, effect, key, attempt))
                 except _Parked:  # SIGTERM before the attempt started: not its outcome
@@ -592,7 +735,7 @@ class Driver:
                     if span is not None:
                         span.set_attribute("tcc.error", f"{type(exc).__name__}: {exc}")
             completion = self._completion(seq, outcome, time.perf_counter() - t0)
-            if outcome[0] == "send" or attempt > effect.retries:
+            if outcome[0] == "send" or attempt >= last:
                 return outcome, completion
             self.store.append_completion(self.run_id, self.epoch, completion)
             self._settle(effect)  # a timed-out sync attempt: its thread must end before the next
@@ -734,6 +877,9 @@ class Driver:
             occurrence = self.waits.get(req.name, 0) + 1
             wait_id = f"{req.name}@{occurrence}"
             key, seq, outcome, recorded = self._journaled_marker(WAIT_EFFECT, wait_id)
+            if recorded != wait_id:
+                self._diverged(coro, f"call {key.rpartition(':')[2]}", f"a wait for {wait_id!r}",
+                               f"a wait for {recorded!r}")
             self.waits[req.name] = occurrence
             if outcome is not None:
                 return outcome
@@ -790,6 +936,10 @@ class Driver:
 
     def _spawn(self, coro: Any, req: SpawnRequest) -> Pending:
         key, seq, outcome, recorded = self._journaled_marker(SPAWN_EFFECT, (req.func, req.args))
+        if (recorded[0], list(recorded[1])) != (req.func, list(req.args)):
+            self._diverged(coro, f"call {key.rpartition(':')[2]}",
+                           "tcc.spawn" + call_repr(req.func, req.args),
+                           "tcc.spawn" + call_repr(recorded[0], recorded[1]))
         if outcome is not None:
             return outcome
         func, args = recorded
@@ -852,13 +1002,15 @@ class Driver:
 
     def _snapshot(self, coro: Any, pending: Pending, completion: Completion | None,
                   consume_signal: str | None = None) -> None:
+        module_state = self.modules.capture() if self.modules is not None else {}
         try:
-            state = (STATE_TAG, STATE_VERSION, coro, pending, self._calls, self.waits)
+            state = (STATE_TAG, STATE_VERSION, coro, pending, self._calls, self.waits, module_state)
             payload = seal(dump_payload(state), compress=False)
         except errors.CaptureError as exc:
             if completion is not None:
                 self.store.append_completion(self.run_id, self.epoch, completion)
-            message = f"checkpoint failed, the previous snapshot is kept: {exc}"
+            why = self.modules.culprit(module_state) if self.modules is not None else None
+            message = f"checkpoint failed, the previous snapshot is kept: {why or exc}"
             self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(errors.CaptureError(message)))
             raise errors.RunFailedError(message) from exc
         with self.tracer.span("tcc.checkpoint", {"tcc.bytes": len(payload)}) as span:

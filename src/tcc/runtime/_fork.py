@@ -8,6 +8,7 @@ prefix the snapshot reflects.  The fork is not started: ``tcc resume`` does.
 
 from __future__ import annotations
 
+import dis
 import os
 import types
 from typing import Any
@@ -18,6 +19,7 @@ from ..effects._effect import WaitRequest
 from ..store import RunInfo, Store
 from . import _scripts
 
+_NO_ANSWER: Any = object()
 _TCC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -43,18 +45,67 @@ def _innermost_user_frame(root: Any, records: list[tuple[Any, Any]]) -> int:
     raise errors.UsageError("the snapshot has no suspended frame of the agent to change")
 
 
-def _setter(sets: dict[str, Any]) -> Any:
+_STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
+
+
+def stored_answer(code: types.CodeType, offset: int) -> tuple[str, int] | None:
+    """The variable (and its line) that the value sent into a frame suspended at ``offset``
+    is stored into straight away (``answer = await llm(...)``), or None.
+
+    ``offset`` is the frame record's position: the ``YIELD_VALUE`` of the await, in code
+    units, on 3.11-3.13.  The awaited value lands where the await's ``SEND`` jumps to
+    when the awaited object returns (3.12+: an ``END_SEND`` first).
+    """
+    instructions = list(dis.get_instructions(code))
+    at = next((k for k, ins in enumerate(instructions) if ins.offset == offset * 2), None)
+    if at is None or instructions[at].opname != "YIELD_VALUE":
+        return None
+    send = next((ins for ins in reversed(instructions[:at]) if ins.opname == "SEND"), None)
+    if send is None or not isinstance(send.argval, int):
+        return None
+    after = [ins for ins in instructions if ins.offset >= send.argval]
+    for ins in after[:3]:
+        if ins.opname in ("END_SEND", "NOP", "CACHE"):
+            continue
+        if ins.opname in _STORES:
+            line = ins.positions.lineno if ins.positions is not None else None
+            return str(ins.argval), line or code.co_firstlineno
+        return None
+    return None
+
+
+def _awaited_kind(root: Any, records: list[tuple[Any, Any]]) -> str:
+    """What the innermost frame of the chain awaits: 'EffectRequest', 'GatherRequest',
+    'CheckpointRequest' ... (the class whose ``__await__`` is suspended), or ''."""
+    chain = _chain(root, records)
+    if not chain:
+        return ""
+    code = _frames.code_of(records[chain[-1]][0])
+    if not code.co_filename.startswith(_TCC_DIR) or not code.co_qualname.endswith(".__await__"):
+        return ""
+    return code.co_qualname.rpartition(".")[0]
+
+
+def _setter(sets: dict[str, Any], answering: bool) -> Any:
     def edit(state: Any, records: list[tuple[Any, Any]]) -> None:
         i = _innermost_user_frame(state[2], records)
         gen, record = records[i]
         code = _frames.code_of(gen)
         names = _frames.slot_names(code)
         slots = list(record[3])
+        stored = stored_answer(code, record[2])
         for name, value in sets.items():
             if name not in names:
                 raise errors.UsageError(
                     f"{code.co_qualname}() has no local {name!r}; its locals are {', '.join(names)}"
                 )
+            if stored is not None and stored[0] == name and _awaited_kind(state[2], records):
+                how = ("--answer already replaces that answer" if answering else
+                       f"use --answer JSON to replace the answer instead")
+                raise errors.UsageError(
+                    f"--set {name}: {code.co_qualname}() stores the answer it is waiting for into "
+                    f"{name!r} as soon as it resumes ({code.co_filename}:{stored[1]}), so the "
+                    f"value set would be overwritten; {how}")
             idx = names.index(name)
             if isinstance(slots[idx], types.CellType):
                 slots[idx].cell_contents = value
@@ -71,9 +122,15 @@ def fork(
     *,
     at: int | None = None,
     sets: dict[str, Any] | None = None,
+    answer: Any = _NO_ANSWER,
     new_run_id: str | None = None,
 ) -> RunInfo:
-    """Create (but do not start) a run from snapshot ``at`` of ``run_id``."""
+    """Create (but do not start) a run from snapshot ``at`` of ``run_id``.
+
+    ``sets`` changes locals of the innermost agent frame; ``answer`` replaces the answer
+    that frame receives when it resumes (the result of the effect call, or the list of a
+    ``tcc.gather``, that it awaits).
+    """
     parent = store.get_run(run_id)
     numbers = [s.number for s in store.snapshots(run_id)]
     if not numbers:  # usage errors, as `tcc inspect` reports them
@@ -87,18 +144,49 @@ def fork(
     child = store.fork_run(run_id, at, new_run_id=new_run_id)
     try:
         payload = store.load_snapshot(child.run_id)
-        state = load_payload(unseal(payload), edit=_setter(sets) if sets else None)
-        if sets:
+        answering = answer is not _NO_ANSWER
+        kinds: list[str] = []
+
+        def edit(state: Any, records: list[tuple[Any, Any]]) -> None:
+            kinds.append(_awaited_kind(state[2], records))
+            if sets:
+                _setter(sets, answering)(state, records)
+
+        state = load_payload(unseal(payload), edit=edit if sets or answering else None)
+        if answering:
+            state = _answered(state, answer, kinds[0] if kinds else "", run_id, at)
+        if sets or answering:
             store.checkpoint(child.run_id, child.epoch, seal(dump_payload(state), compress=False))
         pending = state[3]
         if pending[0] == "request" and isinstance(pending[1], WaitRequest):
             req = pending[1]  # the fork waits for its own answer
             store.add_event(child.run_id, "wait", {"id": req.wait_id, "name": req.name,
                                                    "kind": req.kind, "prompt": req.prompt})
-        store.add_event(child.run_id, "forked", {"parent": run_id, "snapshot": at, "set": sorted(sets or {})})
+        store.add_event(child.run_id, "forked", {"parent": run_id, "snapshot": at, "set": sorted(sets or {}),
+                                                 **({"answer": True} if answering else {})})
         store.add_event(run_id, "fork", {"child": child.run_id, "snapshot": at})
         store.renew_lease(child.run_id, child.epoch, 0.0)  # resumable at once
     except BaseException:
         store.delete_run(child.run_id)
         raise
     return store.get_run(child.run_id)
+
+
+def _answered(state: Any, answer: Any, kind: str, run_id: str, at: int | None) -> Any:
+    """``state`` with the answer its innermost frame receives on resume replaced."""
+    which = f"snapshot {at}" if at is not None else "the newest snapshot"
+    pending = state[3]
+    if pending[0] == "request":
+        raise errors.UsageError(
+            f"run {run_id}'s {which} was taken where it waits for a signal or sleeps, so there "
+            "is no answer to replace: resume the fork and answer it with `tcc signal` / "
+            "`tcc approve`")
+    if kind not in ("EffectRequest", "GatherRequest"):
+        raise errors.UsageError(
+            f"run {run_id}'s {which} was not taken after an effect call (it was taken at "
+            f"{'tcc.checkpoint()' if kind == 'CheckpointRequest' else 'a point with no answer'}), "
+            "so --answer has nothing to replace; fork from a snapshot taken after an effect")
+    if kind == "GatherRequest" and not isinstance(answer, list):
+        raise errors.UsageError("the snapshot's frame awaits a tcc.gather(): --answer must be "
+                                "a JSON list with one answer per gathered call")
+    return state[:3] + (("send", answer),) + state[4:]

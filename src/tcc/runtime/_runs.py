@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -11,7 +12,10 @@ from .. import errors
 from ..capture import load_payload, native_available, unseal
 from ..store import RunInfo, Store
 from . import _scripts
-from ._driver import STATE_TAG, Driver, Outcome, _Parked, answered_request, logged_calls
+from ._globals import ModuleState
+from ..effects import EffectRequest
+from ._driver import (SLEEP_EFFECT, SPAWN_EFFECT, STATE_TAG, WAIT_EFFECT, Driver, LoggedCall, Outcome,
+                      Pending, _Parked, answered_request, logged_calls)
 
 STRATEGIES = ("continuation", "replay", "hybrid")
 
@@ -28,6 +32,13 @@ def strategy_label(strategy: str, snapshot_every: int) -> str:
         strategy = "hybrid"
     return f"hybrid:{snapshot_every}" if strategy == "hybrid" else strategy
 Progress = Callable[[str, Driver], None]
+
+REPLAY_HINT = (
+    "replay re-executes the run from the start under the current code and serves each "
+    "journaled answer to its call, so it works only if the code still makes the same calls "
+    "with the same arguments, in the same order, up to the end of the journal; where it "
+    "does not, it stops with ReplayDivergenceError naming the call:"
+)
 
 
 def _entry(script: str) -> str:
@@ -119,8 +130,11 @@ def _decode_child(run: RunInfo) -> tuple[str, Any]:
 
 
 def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every: int, lease: float,
-                 progress: Progress | None, wait_seconds: float, verify: Any) -> Driver:
+                 progress: Progress | None, wait_seconds: float, verify: Any,
+                 modules: ModuleState | None = None) -> Driver:
     path, _func = _scripts.split_entry(run.entry)
+    if modules is None and strategy != "replay":
+        modules = ModuleState(_scripts.load_script(path))
 
     def spawner(child_id: str, func: str, args: tuple[Any, ...]) -> tuple[str, Any]:
         try:
@@ -149,8 +163,39 @@ def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every:
     return Driver(
         store, run.run_id, run.epoch, snapshots=strategy != "replay",
         checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
-        verify=verify, spawner=spawner,
+        verify=verify, spawner=spawner, modules=modules,
     )
+
+
+def reusable_run(store: Store, run_id: str, script: str, args: Sequence[str]) -> RunInfo | None:
+    """``tcc run --run-id ID SCRIPT ARGS``: the unfinished run ``ID`` to resume, or None if
+    there is no run ``ID`` (start it).
+
+    An existing run is resumed only when it is the same call: the same script, entry
+    function and arguments.  Anything else is refused, naming both, because resuming would
+    quietly finish the old script with the old arguments.  A finished run is refused too.
+    """
+    try:
+        existing = store.get_run(run_id)
+    except errors.RunNotFoundError:
+        return None
+    if existing.status in ("completed", "cancelled", "failed", "unverified"):
+        raise errors.UsageError(
+            f"run {run_id} exists and is {existing.status}; choose another --run-id"
+            + (f" (or `tcc retry {run_id}` to issue its failed call again)"
+               if existing.status == "failed" else ""))
+    entry = _entry(script)
+    try:
+        old_args = json.loads(existing.args or b"[]")
+    except ValueError:
+        old_args = None
+    if existing.entry != entry or old_args != list(args):
+        raise errors.UsageError(
+            f"run {run_id} exists and is {existing.status}, but as {existing.entry} "
+            f"{json.dumps(old_args)}, not {entry} {json.dumps(list(args))}; `tcc run --run-id` "
+            f"resumes only the same script with the same arguments: use `tcc resume {run_id}` "
+            "to continue it as it is, or choose another --run-id")
+    return existing
 
 
 def start(
@@ -167,6 +212,7 @@ def start(
     wait_seconds: float = 0.0,
     verify: str | None = None,
     parent: str | None = None,
+    keep: int | None = None,
 ) -> Outcome:
     """Create a run of ``script`` (``path[:func]``) and drive it to the end.
 
@@ -174,6 +220,7 @@ def start(
     effects, default 1), ``hybrid`` (the same with ``checkpoint_every`` = K,
     recovering by snapshot plus replay of the journal tail) or ``replay`` (no
     snapshots: recovery re-executes from the start against the journal).
+    ``keep``: how many newest snapshots the run retains (default: the store's).
     """
     entry = _entry(script)
     func = _scripts.resolve(entry)  # usage errors before anything is stored
@@ -184,7 +231,8 @@ def start(
     strategy, _notice = effective_strategy(strategy)
     label = strategy_label(strategy, checkpoint_every)
     run = store.create_run(
-        entry, json.dumps(list(args)).encode(), strategy=label, run_id=run_id, lease=lease
+        entry, json.dumps(list(args)).encode(), strategy=label, run_id=run_id, lease=lease,
+        **({"keep": keep} if keep is not None else {}),
     )
     if on_created is not None:
         on_created(run)
@@ -208,6 +256,46 @@ def start(
     return driver.drive(coro)
 
 
+def retry(store: Store, run_id: str, **options: Any) -> Outcome:
+    """``tcc retry``: continue a run that failed because an effect call failed for good
+    (its retries spent during an outage, say), by issuing that call again as a new attempt
+    with the same idempotency key and the effect's retries, from the snapshot the run took
+    at that call.  ``options`` are :func:`resume`'s."""
+    return resume(store, run_id, retry_failed=True, **options)
+
+
+def _retry_plan(store: Store, run: RunInfo, pending: Pending, calls: int,
+                replay: list[LoggedCall]) -> tuple[Pending, int, list[LoggedCall]]:
+    """``pending``, the call count and the journal to serve for :func:`retry`."""
+    journal = logged_calls(store.journal(run.run_id))
+    failing = journal[-1] if journal else None
+    if failing is None or failing.outcome is None or failing.outcome[0] != "throw" \
+            or failing.name in (WAIT_EFFECT, SLEEP_EFFECT, SPAWN_EFFECT):
+        raise errors.UsageError(
+            f"run {run.run_id} did not fail in an effect call, so there is no call to retry; "
+            "`tcc show` says where it failed")
+    error = json.loads(run.error or b"{}")
+    exc = failing.outcome[1]
+    if error.get("type", "").rpartition(".")[2] != type(exc).__name__ or error.get("message") != str(exc):
+        raise errors.UsageError(
+            f"run {run.run_id} failed with {error.get('type', '?')}: {error.get('message', '?')}, "
+            f"not with the error of its last effect call {failing.name} ({type(exc).__name__}: "
+            f"{exc}), which the agent handled; there is no failed call to retry")
+    if "." in failing.key.rpartition(":")[2]:
+        raise errors.UsageError(
+            f"run {run.run_id} failed in a call of a tcc.gather(); retrying one gathered call "
+            "is not supported: fork the run from an earlier snapshot instead")
+    again = dataclasses.replace(failing, outcome=None, retry=True)
+    if replay and replay[-1].key == failing.key:  # served from the journal, then re-issued
+        return pending, calls, replay[:-1] + [again]
+    if not replay and pending[0] == "throw" and failing.key.rpartition(":")[2] == str(calls):
+        args, kwargs = load_payload(failing.args)  # the frame still awaits that call
+        return ("request", EffectRequest(failing.name, args, kwargs)), calls - 1, [again]
+    raise errors.UsageError(
+        f"run {run.run_id}: no retained snapshot was taken at or before its failed call "
+        f"{failing.name} ({failing.key}); it cannot be retried")
+
+
 def resume(
     store: Store,
     run_id: str,
@@ -218,13 +306,19 @@ def resume(
     steal: bool = False,
     progress: Progress | None = None,
     wait_seconds: float = 0.0,
+    retry_failed: bool = False,
 ) -> Outcome:
     """Continue an unfinished run with its strategy (or ``strategy``).
 
     continuation/hybrid: from the newest good snapshot, serving the journal
     after it; replay: from the start, serving the whole journal.
+    ``retry_failed``: see :func:`retry`.
     """
     run = store.get_run(run_id)
+    if retry_failed and run.status != "failed":
+        raise errors.UsageError(f"run {run_id} is {run.status}, not failed; there is nothing to retry"
+                                + (f" (`tcc resume {run_id}` continues it)"
+                                   if run.status not in ("completed", "unverified", "cancelled") else ""))
     if run.status in ("completed", "cancelled"):
         raise errors.UsageError(f"run {run_id} is already {run.status}; there is nothing to resume")
     stored_every = parse_strategy(run.strategy)[1]
@@ -246,20 +340,24 @@ def resume(
         raise
 
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
+    # What the fresh import bound, before a snapshot's module-level data overwrites it.
+    modules = ModuleState(_scripts.load_script(_scripts.split_entry(run.entry)[0])) \
+        if strategy != "replay" else None
     if snapshot is not None:
         info, payload = snapshot
         try:
             state = load_payload(unseal(payload))
         except errors.RestoreError as exc:
             raise type(exc)(
-                f"run {run_id}: snapshot {info.number} cannot be restored: {exc} "
-                f"(to re-execute from the start against the journal instead: "
-                f"tcc resume --strategy replay {run_id})"
+                f"run {run_id}: snapshot {info.number} cannot be restored: {exc} ({REPLAY_HINT} "
+                f"`tcc resume --strategy replay {run_id}`)"
             ) from exc
-        if not (isinstance(state, tuple) and len(state) in (5, 6) and state[0] == STATE_TAG):
+        if not (isinstance(state, tuple) and len(state) in (5, 6, 7) and state[0] == STATE_TAG):
             raise errors.CorruptSnapshotError(f"run {run_id}: snapshot {info.number} is not a run state")
         _tag, _version, coro, pending, calls, *rest = state
         waits = rest[0] if rest else {}
+        if len(rest) > 1 and modules is not None:
+            modules.restore(rest[1])
         start_seq = info.journal_len
         store.add_event(run_id, "resumed", {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()})
     else:
@@ -269,10 +367,13 @@ def resume(
     tail = store.journal(run_id, start_seq)
     pending = answered_request(pending, tail)
     replay = logged_calls(tail)
+    if retry_failed:
+        pending, calls, replay = _retry_plan(store, run, pending, calls, replay)
     if run.status != "running":  # only once the state loaded: a refusal changes nothing
         run = store.set_status(run_id, run.epoch, "running")
     verify_name = _verify_name(store, run_id)
     check = _verify_func(run.entry, verify_name) if verify_name else None
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
-                          progress=progress, wait_seconds=wait_seconds, verify=check)
+                          progress=progress, wait_seconds=wait_seconds, verify=check,
+                          modules=modules)
     return driver.drive(coro, pending, calls=calls, replay=replay, waits=waits)

@@ -163,8 +163,12 @@ class Store(Protocol):
         strategy: str = "continuation",
         run_id: str | None = None,
         lease: float = 30.0,
+        keep: int | None = None,
     ) -> RunInfo:
-        """Create a run owned by this process (epoch 1, status running)."""
+        """Create a run owned by this process (epoch 1, status running).
+
+        ``keep``: how many newest snapshots retention keeps for this run (default:
+        the store's ``keep``)."""
         ...
 
     def get_run(self, run_id: str) -> RunInfo:

@@ -227,6 +227,7 @@ class StoreCore:
         seal: Callable[[bytes], SnapRow] | None = None,
         jlen: int | None = None,
         fresh_from: int | None = None,
+        keep: int | None = None,
     ) -> tuple[int, SnapRow | None, frozenset[int]]:
         """Add snapshot ``new_number`` (if any), drop snapshots past retention, fix refcounts.
 
@@ -238,14 +239,15 @@ class StoreCore:
         its pending ids)``.
         Without a new record (housekeeping), released chunks are decremented
         at once and the newest record's pending list stays as it is.
-        ``fresh_from``: see :func:`apply_diff`.
+        ``fresh_from``: see :func:`apply_diff`.  ``keep``: the run's own retention (its
+        header's ``keep``), else the store's.
         """
         dbs, held = self._dbs, self._held
         pinned = self._pinned(txn, pfx)
         allnums = [r[0] for r in rows] + ([new_number] if new_number is not None else [])
-        keep = set(allnums[-self._keep:]) | pinned
-        kept = [r for r in rows if r[0] in keep]
-        dropped = [r for r in rows if r[0] not in keep]
+        keep_set = set(allnums[-(keep or self._keep):]) | pinned
+        kept = [r for r in rows if r[0] in keep_set]
+        dropped = [r for r in rows if r[0] not in keep_set]
         before = held.run_held(txn, dbs, rows)
         row: SnapRow | None = None
         deferred: frozenset[int] = frozenset()

@@ -83,9 +83,14 @@ class LmdbStore(Maintenance):
         strategy: str = "continuation",
         run_id: str | None = None,
         lease: float = 30.0,
+        keep: int | None = None,
     ) -> RunInfo:
-        """Create a run owned by this process: epoch 1, status ``running``."""
+        """Create a run owned by this process: epoch 1, status ``running``.
+
+        ``keep``: the run's own snapshot retention (default: the store's)."""
         rid = self._rid(uuid.uuid4().hex if run_id is None else run_id)
+        if keep is not None:
+            check_int("keep", keep, 1)
         if not isinstance(entry, str) or not entry:
             raise UsageError(f"entry must be a non-empty string (script[:function]), not {entry!r}")
         _check_lease(lease)
@@ -93,6 +98,8 @@ class LmdbStore(Maintenance):
         hdr = {"entry": entry, "strategy": strategy, "status": "running", "created": now,
                "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
                "lease": now + lease, "parent": None}
+        if keep is not None:
+            hdr["keep"] = keep
         blobs = {"args": as_bytes("args", args)}
 
         def op(txn: Any) -> RunInfo:
@@ -207,13 +214,19 @@ class LmdbStore(Maintenance):
         return self._write(op)
 
     def renew_lease(self, run_id: str, epoch: int, lease: float = 30.0) -> RunInfo:
-        """Extend this owner's lease to ``lease`` seconds from now."""
+        """Extend this owner's lease to ``lease`` seconds from now.
+
+        Also sets ``updated``: the owner's heartbeat renews the lease every
+        lease/3 s, so a live run's ``updated`` stays current during long
+        effects and between checkpoints (which do not rewrite the run record).
+        """
         _check_lease(lease)
         rid = self._rid(run_id)
 
         def op(txn: Any) -> RunInfo:
             hdr, blobs = self._fence(txn, rid, epoch)
-            hdr["lease"] = time.time() + lease
+            now = time.time()
+            hdr.update(lease=now + lease, updated=now)
             self._put_run(txn, rid, hdr, blobs)
             return self._info(rid, hdr, blobs)
 
@@ -524,9 +537,10 @@ class LmdbStore(Maintenance):
                         b"snaps", key, {"j": jlen, "s": size, "t": now, "g": 0}, blobs)
 
                 _, row, pending = self._retain(txn, pfx, rows, number, set(), lambda _c: None, seal,
-                                               jlen)
+                                               jlen, keep=run_hdr.get("keep"))
             else:
-                row, pending = self._put_chunks(txn, pfx, rows, number, key, prev_tag, prev_map, ordered,
+                row, pending = self._put_chunks(txn, pfx, rows, number, key, run_hdr.get("keep"),
+                                                prev_tag, prev_map, ordered,
                                        encoded, memo, ids, {"j": jlen, "s": size, "t": now})
             assert row is not None
             value = row[2]
@@ -558,6 +572,7 @@ class LmdbStore(Maintenance):
         rows: list[SnapRow],
         number: int,
         key: bytes,
+        keep: int | None,
         prev_tag: bytes | None,
         prev_map: dict[bytes, int],
         ordered: list[tuple[bytes, memoryview]],
@@ -619,7 +634,7 @@ class LmdbStore(Maintenance):
             return number, key, sealer.seal(b"snaps", key, {**hdr, "g": depth}, blobs)
 
         _, row, pending = self._retain(txn, pfx, rows, number, set(ids.values()), stored_form, seal,
-                                       hdr["j"], first_new)
+                                       hdr["j"], first_new, keep=keep)
         return row, pending
 
     def snapshots(self, run_id: str) -> list[SnapshotInfo]:

@@ -315,10 +315,11 @@ class Maintenance(StoreCore):
                 pfx = prefix(self._t, rid)
                 try:
                     rows = self._indexed(txn, pfx, rid)
+                    run_keep = self._load_run(txn, rid)[0].get("keep")
                 except StoreCorruptError as exc:  # keep all it has: deleting could lose more
                     damaged.append(str(exc))
                     continue
-                dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None)[0]
+                dropped += self._retain(txn, pfx, rows, None, set(), lambda _a: None, keep=run_keep)[0]
             deleted, repaired, unreadable[0] = sweep(txn, dbs, self._held)
             return GcStats(snapshots_deleted=dropped, chunks_deleted=deleted,
                            refs_repaired=repaired)

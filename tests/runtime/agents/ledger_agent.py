@@ -2,7 +2,9 @@
 
 Environment: LEDGER (path, required), STEPS (default 40), DELAY (seconds in
 each effect), DIE_AT=k to SIGKILL the process inside step k, VERIFY=1 to give the effect a verify probe that finds its own
-ledger line (exactly-once).
+ledger line (exactly-once).  SALT=step makes the salt a function of the step, as the
+replay and hybrid strategies require (a journaled answer is served only to the call
+recorded, with the same arguments).
 """
 
 import os
@@ -55,7 +57,8 @@ async def main(steps=None):
     total = 0
     seen = []
     for step in range(steps):
-        salt = random.randrange(1000)  # nondeterministic: in-doubt calls must reuse it
+        # nondeterministic: in-doubt calls must reuse it (unless SALT=step, for replay)
+        salt = step * 37 % 1000 if os.environ.get("SALT") == "step" else random.randrange(1000)
         value = await effect(step, salt)
         assert value // 1000 == step
         seen.append(value % 1000)

@@ -1,0 +1,175 @@
+"""Module-level data of the agent's own modules, as part of a run's state.
+
+A snapshot holds the agent's frames, but a frame reads its module's globals
+from the live module, and a resumed process has a freshly imported one: a
+history, counter or cache kept at module level would quietly restart from
+its import-time value.  So each snapshot also records the module-level data
+of
+
+- the agent script's module, and
+- the modules whose file sits in the script's own directory (not in a
+  sub-folder, and never under ``site-packages``),
+
+and a restore writes those values back over the fresh import before the
+frames continue.  Globals and frames are pickled together, so an object that
+both a global and a local refer to is still one object after the restore.
+
+What a snapshot does **not** record, because the import rebuilds it:
+
+- dunder names (``__name__``, ``__file__`` ...) and imported modules;
+- functions, classes, effects and ``tcc.resource`` objects, while they are
+  still the object the import bound (rebound to another one, they are
+  recorded like data);
+- objects that cannot be captured (a client, a lock, an open file) while
+  they are still the object bound when tcc first saw the module in this
+  process, normally at import.  Such an object is rebuilt by the import; what
+  the run changed inside it is not kept.
+
+A global rebound during the run to a value that cannot be captured fails the
+checkpoint with :class:`~tcc.errors.CaptureError` naming the global.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any
+
+from .. import errors
+from ..capture import dump_payload
+from ..effects import Effect, Resource
+
+_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+               types.ModuleType, Effect, Resource, staticmethod, classmethod)
+
+
+def _is_code(value: Any) -> bool:
+    return isinstance(value, _CODE_TYPES)
+
+
+def _in_site_packages(path: str) -> bool:
+    parts = path.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+class ModuleState:
+    """The agent's modules and what their import bound, for one process."""
+
+    def __init__(self, script_module: types.ModuleType) -> None:
+        self.script = script_module
+        file = getattr(script_module, "__file__", None) or ""
+        self.folder = os.path.dirname(os.path.realpath(file)) if file else ""
+        # module name -> {global name: the object bound when tcc first saw the module,
+        # for the globals a snapshot leaves to the import (see the module docstring)}
+        self._from_import: dict[str, dict[str, Any]] = {}
+        self._seen_modules = 0
+        self._modules: list[types.ModuleType] = []
+        self.refresh()
+
+    # ----------------------------------------------------------- which modules
+
+    def _belongs(self, module: types.ModuleType) -> bool:
+        if module is self.script:
+            return True
+        file = getattr(module, "__file__", None)
+        if not self.folder or not isinstance(file, str) or not file.endswith(".py"):
+            return False
+        real = os.path.realpath(file)
+        return os.path.dirname(real) == self.folder and not _in_site_packages(real) \
+            and not getattr(module, "__name__", "").startswith("tcc")
+
+    def refresh(self) -> None:
+        """Find the agent's modules again if modules were imported since the last look."""
+        if len(sys.modules) == self._seen_modules:
+            return
+        self._seen_modules = len(sys.modules)
+        found = [m for m in list(sys.modules.values())
+                 if isinstance(m, types.ModuleType) and self._belongs(m)]
+        for module in found:
+            if module.__name__ not in self._from_import:
+                self._from_import[module.__name__] = self._import_bound(module)
+        self._modules = found
+
+    @staticmethod
+    def _import_bound(module: types.ModuleType) -> dict[str, Any]:
+        """The globals of ``module`` that its import rebuilds: code, and what cannot be
+        captured (each value is tried once, here)."""
+        keep: dict[str, Any] = {}
+        for name, value in list(vars(module).items()):
+            if name.startswith("__") and name.endswith("__"):
+                continue
+            if _is_code(value):
+                keep[name] = value
+                continue
+            try:
+                dump_payload(value)
+            except errors.CaptureError:
+                keep[name] = value
+            except Exception:  # noqa: BLE001 - a value whose pickling itself breaks
+                keep[name] = value
+        return keep
+
+    # ------------------------------------------------------------ capture
+
+    def capture(self) -> dict[str, dict[str, Any]]:
+        """``{module name: {global: value}}``: the module-level data a snapshot records."""
+        self.refresh()
+        state: dict[str, dict[str, Any]] = {}
+        for module in self._modules:
+            rebuilt = self._from_import.get(module.__name__, {})
+            data: dict[str, Any] = {}
+            for name, value in list(vars(module).items()):
+                if name.startswith("__") and name.endswith("__"):
+                    continue
+                if name in rebuilt and rebuilt[name] is value:
+                    continue
+                if isinstance(value, types.ModuleType):
+                    continue
+                data[name] = value
+            state[module.__name__] = data
+        return state
+
+    def culprit(self, state: dict[str, dict[str, Any]]) -> str | None:
+        """Why ``state`` cannot be captured, naming the global, or None if every global can
+        be captured on its own (the frames are to blame)."""
+        for modname, data in state.items():
+            for name, value in data.items():
+                try:
+                    dump_payload(value)
+                except errors.CaptureError as exc:
+                    where = self._where(modname)
+                    return (f"module-level {name!r} of {where} cannot be captured ({exc}); "
+                            "module-level data is part of the run's state, so keep only "
+                            "capturable values there, or build the object at import and do "
+                            "not rebind it (it is then rebuilt by the import), or keep it in a "
+                            "tcc.resource(...)")
+        return None
+
+    def _where(self, modname: str) -> str:
+        module = sys.modules.get(modname)
+        file = getattr(module, "__file__", None)
+        return os.path.basename(file) if isinstance(file, str) else modname
+
+    # ------------------------------------------------------------ restore
+
+    def restore(self, state: Any) -> None:
+        """Write a snapshot's module-level data back over the live modules."""
+        if not isinstance(state, dict):
+            raise errors.CorruptSnapshotError("the snapshot's module state is not a mapping")
+        for modname, data in state.items():
+            module = sys.modules.get(modname)
+            if module is None:
+                try:
+                    module = __import__(modname)
+                    module = sys.modules[modname]
+                except Exception as exc:  # noqa: BLE001 - said as a restore error
+                    raise errors.RestoreError(
+                        f"the snapshot holds module-level data of module {modname!r}, which "
+                        f"cannot be imported now: {type(exc).__name__}: {exc}") from exc
+            if not isinstance(data, dict):
+                raise errors.CorruptSnapshotError(
+                    f"the snapshot's module state of {modname!r} is not a mapping")
+            vars(module).update(data)
+        self._seen_modules = 0
+        self.refresh()

@@ -1,0 +1,283 @@
+"""A resumed run gives what an uninterrupted run gives, or tcc says why not (issue 17, 1-6, 8).
+
+Each crash here is a real SIGKILL: ``TCC_TEST_KILL_AFTER=K`` makes the `tcc run` process kill
+itself right after it committed its K-th journaled step, or the effect kills its own process
+while the call is in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import AGENTS, Cli
+
+QUIET = AGENTS / "quiet"
+
+
+def _result(proc):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["result"]
+
+
+def _killed_then_resumed(cli, run_id, script, *args, after, options=(), resume_options=()):
+    """Run with a SIGKILL after step ``after``, then resume; the resumed result."""
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER=str(after))
+    proc = killer.run("run", "--json", "--run-id", run_id, *options, script, *args)
+    assert proc.returncode == -9, (proc.returncode, proc.stderr)  # really killed
+    assert cli.show(run_id)["status"] == "running"
+    return _result(cli.run("resume", "--json", *resume_options, run_id))
+
+
+# ------------------------------------------------------------------ 1: a forgotten await
+
+def test_an_effect_call_never_awaited_fails_the_run_naming_the_line(tmp_path):
+    """`y = step(2)` without await fails the run with file:line; no request reaches a result."""
+    cli = Cli(tmp_path)
+    script = QUIET / "forgetful_agent.py"
+    proc = cli.run("run", "--json", "--run-id", "f", str(script))
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "failed" and doc["result"] is None
+    assert f"step(...) at {script}:13 was never awaited" in doc["error"]
+    assert "UnawaitedEffectError" in doc["error"] and "<effect" not in proc.stdout
+    shown = cli.show("f")
+    assert shown["status"] == "failed" and shown["result"] is None
+
+
+def test_a_tcc_sleep_never_awaited_fails_the_run(tmp_path):
+    """`tcc.sleep(0)` without await is named as such, with its line."""
+    cli = Cli(tmp_path)
+    script = QUIET / "forgetful_agent.py"
+    proc = cli.run("run", "--json", f"{script}:sleeper")
+    assert proc.returncode == 1
+    assert f"tcc.sleep(...) at {script}:19 was never awaited" in json.loads(proc.stdout)["error"]
+
+
+def test_a_request_awaited_later_in_the_same_step_or_gathered_is_fine(tmp_path):
+    """A request awaited before the next await, and effect calls given to tcc.gather, pass."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--json", f"{QUIET / 'forgetful_agent.py'}:late_but_fine")
+    assert _result(proc) == [1, [2, 3]]
+
+
+# ------------------------------------------------------------------ 2: module-level state
+
+def test_module_globals_survive_a_crash_and_resume(tmp_path):
+    """Globals of the script and of a module next to it resume with their values, shared with locals."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "globals_agent.py")
+    expected = [6, 6, 150, True, 6]
+    assert _result(cli.run("run", "--json", script)) == expected
+    for after in (1, 3, 5):
+        assert _killed_then_resumed(cli, f"g{after}", script, after=after) == expected
+
+
+def test_module_globals_survive_the_hybrid_strategy(tmp_path):
+    """Restored from a snapshot every 4 steps, then the journal tail re-executes the rest."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "globals_agent.py")
+    got = _killed_then_resumed(cli, "h", script, after=5, options=("--strategy", "hybrid",
+                                                                    "--checkpoint-every", "4"))
+    assert got == [6, 6, 150, True, 6]
+
+
+def test_a_global_rebound_to_an_uncapturable_value_fails_naming_it(tmp_path):
+    """Rebinding a global to a lock fails the checkpoint with the global's name."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", f"{QUIET / 'globals_agent.py'}:rebinds")
+    assert proc.returncode == 1
+    assert "module-level 'LOCK' of globals_agent.py cannot be captured" in proc.stderr
+
+
+# ------------------------------------------------------------ 3: effects mutating arguments
+
+EXPECTED_CHAT = [[3, 4, 5, 6], ["system", "user 0", "user 1", "user 2", "user 3"]]
+
+
+def test_an_effect_gets_a_copy_of_its_arguments_on_a_live_call(tmp_path):
+    """Only the return value reaches the agent: its list is not mutated by the effect."""
+    cli = Cli(tmp_path)
+    assert _result(cli.run("run", "--json", str(QUIET / "mutating_agent.py"))) == EXPECTED_CHAT
+
+
+@pytest.mark.parametrize("options", [(), ("--strategy", "hybrid", "--checkpoint-every", "3"),
+                                     ("--strategy", "replay")], ids=["continuation", "hybrid", "replay"])
+def test_an_argument_mutating_effect_resumes_to_the_same_result(tmp_path, options):
+    """After a kill at every step, resume gives the uninterrupted result on every strategy."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "mutating_agent.py")
+    for after in (1, 2, 3):
+        got = _killed_then_resumed(cli, f"m{after}", script, after=after, options=options)
+        assert got == EXPECTED_CHAT, after
+
+
+def test_a_reissued_call_of_a_mutating_effect_gives_the_same_result(tmp_path):
+    """A call killed in flight is re-issued with its recorded arguments; the result is unchanged."""
+    cli = Cli(tmp_path, KILL_IN_CALL="2", MARK=str(tmp_path / "mark"))
+    proc = cli.run("run", "--json", "--run-id", "r", str(QUIET / "mutating_agent.py"))
+    assert proc.returncode == -9
+    assert _result(cli.run("resume", "--json", "r")) == EXPECTED_CHAT
+    assert any(e["kind"] == "in_doubt_reissued" for e in cli.show("r")["events"])
+
+
+def test_gathered_calls_get_copies_too(tmp_path):
+    """Two gathered calls each see the list as the agent passed it."""
+    cli = Cli(tmp_path)
+    assert _result(cli.run("run", "--json", f"{QUIET / 'mutating_agent.py'}:gathered")) == [[2, 2], ["system"]]
+
+
+# ------------------------------------------------------------ 4: replay after an edit
+
+def test_replay_after_an_edit_that_changes_arguments_is_a_divergence(tmp_path):
+    """`step(i)` edited to `step(i * 10)`: replay refuses, naming the call, line and both calls."""
+    cli = Cli(tmp_path)
+    script = tmp_path / "edited.py"
+    shutil.copy(QUIET / "edited_agent.py", script)
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="4")
+    assert killer.run("run", "--run-id", "e", str(script)).returncode == -9
+    script.write_text(script.read_text().replace("FACTOR = 1", "FACTOR = 10"))
+    proc = cli.run("resume", "--strategy", "replay", "e")
+    assert proc.returncode == 1
+    assert f"call 2 at {script}:16 is now step(10), but the journal recorded step(1)" in proc.stderr
+    assert cli.show("e")["status"] != "completed"
+
+
+def test_replay_without_an_edit_still_completes(tmp_path):
+    """An unchanged script replays its journal and completes with the same result."""
+    cli = Cli(tmp_path)
+    got = _killed_then_resumed(cli, "e", str(QUIET / "edited_agent.py"), after=4,
+                               resume_options=("--strategy", "replay"))
+    assert got == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_code_changed_message_says_what_replay_requires(tmp_path):
+    """Resuming changed code is refused, and the hint says replay needs the same calls."""
+    cli = Cli(tmp_path)
+    script = tmp_path / "edited.py"
+    shutil.copy(QUIET / "edited_agent.py", script)
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="2")
+    assert killer.run("run", "--run-id", "c", str(script)).returncode == -9
+    script.write_text(script.read_text().replace("out.append(await step(i * FACTOR))",
+                                                 "out.append(await step(i * FACTOR + 0))"))
+    proc = cli.run("resume", "c")
+    assert proc.returncode == 1 and "CodeChanged" not in proc.stdout
+    assert "works only if the code still makes the same calls with the same arguments" in proc.stderr
+    assert "tcc resume --strategy replay c" in proc.stderr
+
+
+# ------------------------------------------------------------ 5: --run-id reuse
+
+def test_run_id_reuse_with_another_script_or_arguments_is_refused(tmp_path):
+    """`tcc run --run-id X` of an unfinished run X names both entries instead of resuming X."""
+    cli = Cli(tmp_path)
+    first = str(QUIET / "edited_agent.py")
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="2")
+    assert killer.run("run", "--run-id", "x", first).returncode == -9
+    other = str(QUIET / "answer_agent.py")
+    proc = cli.run("run", "--run-id", "x", other)
+    assert proc.returncode == 2
+    assert f"{first}:main []" in proc.stderr and f"{other}:main []" in proc.stderr
+    proc = cli.run("run", "--run-id", "x", first, "extra")
+    assert proc.returncode == 2 and '["extra"]' in proc.stderr
+    assert cli.show("x")["status"] == "running"
+    assert _result(cli.run("run", "--json", "--run-id", "x", first)) == [0, 1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------ 6: fork --set / --answer
+
+def test_fork_set_of_the_variable_receiving_the_answer_is_refused(tmp_path):
+    """--set on `answer = await llm(...)`'s target is refused and points to --answer."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "p", str(QUIET / "answer_agent.py"), check=True)
+    first = cli.show("p")["snapshots"][0]["number"]
+    proc = cli.run("fork", "--at", str(first), "--set", 'answer="x"', "p")
+    assert proc.returncode == 2
+    assert "stores the answer it is waiting for into 'answer'" in proc.stderr and "--answer" in proc.stderr
+
+
+def test_fork_answer_replaces_what_the_frame_receives(tmp_path):
+    """--answer JSON makes the resumed frame receive that answer instead of the recorded one."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "p", str(QUIET / "answer_agent.py"), check=True)
+    first = cli.show("p")["snapshots"][0]["number"]
+    cli.run("fork", "--at", str(first), "--answer", '"forked"', "--run-id", "f", "p", check=True)
+    got = _result(cli.run("resume", "--json", "f"))
+    assert got == ["forked", "model on follow-up to forked"]
+    assert cli.show("p")["result"] == ["model on first", "model on follow-up to model on first"]
+
+
+# ------------------------------------------------------------ 8: retry and retention
+
+def test_retry_issues_the_failed_call_again_after_an_outage(tmp_path):
+    """A run failed by an outage is retried from its snapshot with the same idempotency key."""
+    outage = tmp_path / "outage"
+    outage.touch()
+    cli = Cli(tmp_path, OUTAGE=str(outage))
+    proc = cli.run("run", "--json", "--run-id", "r", f"{QUIET / 'answer_agent.py'}:calls_api")
+    assert proc.returncode == 1 and "service down for call 1" in proc.stdout
+    assert cli.run("resume", "r").returncode == 1  # the snapshot holds the failure
+    outage.unlink()
+    assert _result(cli.run("retry", "--json", "r")) == ["api 1", "api 2"]
+    keys = [(c["key"], c["attempt"]) for c in _intents(cli, "r") if c["name"].endswith(":api")]
+    assert keys[:3] == [("r:1", 1), ("r:1", 2), ("r:1", 3)]
+    proc = cli.run("retry", "r")
+    assert proc.returncode == 2 and "not failed" in proc.stderr
+
+
+def test_retry_refuses_a_run_that_failed_in_its_own_code(tmp_path):
+    """A KeyError of the agent itself is not an effect call to retry."""
+    cli = Cli(tmp_path)
+    assert cli.run("run", "--run-id", "b", f"{QUIET / 'answer_agent.py'}:buggy").returncode == 1
+    proc = cli.run("retry", "b")
+    assert proc.returncode == 2 and "did not fail in an effect call" in proc.stderr
+
+
+def test_keep_retains_more_snapshots_for_fork_at(tmp_path):
+    """`tcc run --keep 10` keeps every snapshot of a 6-step run, even through `tcc gc`."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "k", "--keep", "10", str(QUIET / "edited_agent.py"), check=True)
+    cli.run("run", "--run-id", "d", str(QUIET / "edited_agent.py"), check=True)
+    cli.run("gc", check=True)
+    assert [s["number"] for s in cli.show("k")["snapshots"]] == [1, 2, 3, 4, 5, 6]
+    assert len(cli.show("d")["snapshots"]) == 3
+    cli.run("fork", "--at", "2", "--run-id", "f", "k", check=True)
+    assert _result(cli.run("resume", "--json", "f")) == [0, 1, 2, 3, 4, 5]
+
+
+def _intents(cli, run_id):
+    """The run's intent records, read through the store API in a child process."""
+    code = ("import json,sys; from tcc.store import open_store\n"
+            "with open_store(sys.argv[1]) as s:\n"
+            "    print(json.dumps([{'name': r.name, 'key': r.idempotency_key, 'attempt': r.attempt}"
+            " for r in s.journal(sys.argv[2]) if r.kind == 'intent']))")
+    out = subprocess.run([sys.executable, "-c", code, str(cli.store), run_id], env=cli.env,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_a_resource_passed_to_effects_is_built_once_per_process(tmp_path):
+    """Effects get copies of their arguments, but a tcc.resource in them stays the live one."""
+    script = tmp_path / "res.py"
+    script.write_text(
+        "import tcc\n"
+        "BUILT = []\n"
+        "def make():\n"
+        "    BUILT.append(1)\n"
+        "    return object()\n"
+        "@tcc.effect\n"
+        "def use(client, i):\n"
+        "    return id(client._get())\n"
+        "async def main():\n"
+        "    client = tcc.resource(make)\n"
+        "    ids = [await use(client, i) for i in range(3)]\n"
+        "    return [len(set(ids)), len(BUILT)]\n")
+    assert _result(Cli(tmp_path).run("run", "--json", str(script))) == [1, 1]
