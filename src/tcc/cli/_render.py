@@ -7,9 +7,12 @@ import json
 import sys
 from typing import Any, Callable
 
-from ..store import RunInfo
+from ..runtime import _report
+from ..store import JournalRecord, RunInfo
 
 MARKERS = ("tcc:wait", "tcc:sleep")  # runtime._driver's WAIT_EFFECT, SLEEP_EFFECT
+SHOWN_CALLS = 50  # the text of `tcc show` lists the last this many calls; --json lists all
+REPR_LIMIT = 200  # characters of an argument list, a result or an error in the call listing
 
 
 def _when(ts: float) -> str:
@@ -27,14 +30,9 @@ def decode_result(blob: bytes | None) -> Any:
 
 
 def decode_error(blob: bytes | None) -> str | None:
-    if not blob:
-        return None
-    try:
-        doc = json.loads(blob)
-    except ValueError:
-        return blob.decode(errors="replace")
-    name = str(doc.get("type", "Error")).rpartition(".")[2]
-    return f"{name}: {doc.get('message', '')}"
+    """The one-line form of a stored error: ``KeyError: 'missing_key'``."""
+    error = _report.decode_error(blob)
+    return None if error is None else _report.error_line(error)
 
 
 def started(run_id: str, *, resumed: bool, as_json: bool) -> None:
@@ -151,6 +149,100 @@ def owner_alive(run: Any) -> bool:
     return not owner_dead(run, time.time())
 
 
+def _payload(blob: bytes | None) -> tuple[bool, Any]:
+    """(True, a view of ``blob``) from the restricted unpickler of `tcc inspect`, which runs
+    no user code (`show` must not: no import, no ``__reduce__``, no ``__repr__``), or
+    (False, why not)."""
+    from ..capture import _inspect as insp
+
+    if blob is None:
+        return False, "<nothing recorded>"
+    try:
+        return True, insp.safe_loads(bytes(blob))
+    except Exception as exc:  # noqa: BLE001 - a payload it cannot read is shown as such
+        return False, f"<unreadable payload: {type(exc).__name__}>"
+
+
+def _safe(value: Any, limit: int = REPR_LIMIT) -> str:
+    from ..capture import _inspect as insp
+
+    try:
+        return insp.safe_repr(value, limit)
+    except Exception as exc:  # noqa: BLE001 - never let one value end the listing
+        return f"<repr failed: {type(exc).__name__}>"
+
+
+def _clip(text: str, limit: int = REPR_LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _call_args(name: str, blob: bytes | None) -> str:
+    """The argument list of a journaled call, as it would be written in the call."""
+    ok, value = _payload(blob)
+    if not ok:
+        return str(value)
+    if name == "tcc:sleep" and isinstance(value, (int, float)):
+        return f"until {_when(value)}"
+    if not name.startswith("tcc:") and isinstance(value, tuple) and len(value) == 2 \
+            and isinstance(value[0], tuple) and isinstance(value[1], dict):
+        args, kwargs = value
+        parts = [_safe(a) for a in args] + [f"{k}={_safe(v)}" for k, v in kwargs.items()]
+        return _clip(", ".join(parts))
+    if name == "tcc:spawn" and isinstance(value, tuple):
+        return _clip(", ".join(_safe(v) for v in value))
+    return _safe(value)
+
+
+def _outcome(c: JournalRecord | None) -> dict[str, Any]:
+    if c is None:
+        return {"status": "pending", "result": None, "error": None, "duration": None}
+    if c.error is not None:
+        ok, value = _payload(c.error)
+        return {"status": "error", "result": None, "error": _safe(value) if ok else str(value),
+                "duration": c.duration}
+    ok, value = _payload(c.result)
+    return {"status": "ok", "result": _safe(value) if ok else str(value), "error": None,
+            "duration": c.duration}
+
+
+def _logical_calls(journal: list[JournalRecord]) -> list[list[JournalRecord]]:
+    """The journal's intents grouped into calls: the attempts of one call (retries, a
+    re-issue after a crash) share its idempotency key.  In order of their first intent."""
+    calls: dict[str, list[JournalRecord]] = {}
+    for r in journal:
+        if r.kind == "intent":
+            calls.setdefault(r.idempotency_key or f"#{r.seq}", []).append(r)
+    return list(calls.values())
+
+
+def _call_doc(number: int, intents: list[JournalRecord], done: dict[int, JournalRecord]) -> dict[str, Any]:
+    first, last = intents[0], intents[-1]
+    attempts = [{"attempt": i.attempt, "seq": i.seq, **_outcome(done.get(i.seq))} for i in intents]
+    args = _call_args(first.name, first.args)
+    short = first.name if first.name.startswith("tcc:") else first.name.rpartition(":")[2]
+    return {"number": number, "seq": first.seq, "key": first.idempotency_key, "name": first.name,
+            "call": f"{short}({args})", "args": args, **attempts[-1], "attempt": last.attempt,
+            "time": first.time, "attempts": attempts}
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def _call_line(call: dict[str, Any]) -> str:
+    if call["status"] == "pending":
+        what = {"tcc:wait": "(not signalled yet)", "tcc:sleep": "(not due yet)"}.get(
+            call["name"], "(no outcome recorded: still running, or in doubt after a crash)")
+    elif call["status"] == "error":
+        what = f"raised {call['error']}"
+    else:
+        what = str(call["result"])
+    return (f"    {call['number']:>3}  {call['call']} -> {what}   attempt {call['attempt']}"
+            f"  {_duration(call['duration'])}").rstrip()
+
+
 def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     run = store.get_run(run_id)
     journal = store.journal(run_id)
@@ -162,6 +254,12 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     done_keys = {intents[c.intent_seq].idempotency_key for c in completions
                  if c.intent_seq in intents and intents[c.intent_seq].name not in MARKERS}
     checkpoints = max((s.number for s in snapshots if not s.damaged), default=0)
+    done = {c.intent_seq: c for c in completions if c.intent_seq is not None}
+    logical = _logical_calls(journal)
+    # the text lists the last SHOWN_CALLS calls: only those are read
+    listed = range(len(logical)) if as_json else range(max(0, len(logical) - SHOWN_CALLS), len(logical))
+    calls = [_call_doc(i + 1, logical[i], done) for i in listed]
+    error = _report.decode_error(run.error)
     doc = {
         "id": run.run_id,
         "tenant": run.tenant,
@@ -170,7 +268,10 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "args": json.loads(run.args or b"[]"),
         "strategy": run.strategy,
         "result": decode_result(run.result),
-        "error": decode_error(run.error),
+        "error": None if error is None else _report.error_line(error),
+        # the error's type, message and the agent's frames where it was raised, innermost last
+        "error_detail": None if error is None else {k: error[k] for k in ("type", "message", "frames",
+                                                                          "frames_omitted")},
         "effects": len(done_keys),
         "checkpoints": checkpoints,
         "epoch": run.epoch,
@@ -186,6 +287,8 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size}
                       if not s.damaged else {"number": s.number, "damaged": True} for s in snapshots],
         "events": [{**dict(e.data), "kind": e.kind, "time": e.time, "data": dict(e.data)} for e in events],
+        # every journaled call (effects, and tcc:wait/sleep/spawn markers), oldest first
+        "calls": calls,
     }
     if as_json:
         print(json.dumps(doc, default=repr))
@@ -202,6 +305,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         print(f"  result     {json.dumps(doc['result'])}")
     if doc["error"]:
         print(f"  error      {doc['error']}")
+        assert error is not None
+        for line in _report.traceback_lines(error):
+            print(f"  {line}")
     for s in snapshots:
         if s.damaged:
             print(f"  damaged    snapshot {s.number} fails verification or its record is missing "
@@ -211,6 +317,12 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     for w in doc["waits"]:
         what = f"approval {w.get('prompt')!r}" if w.get("kind") == "approval" else f"signal {w.get('name')!r}"
         print(f"  waiting    {what} (id {w['id']}, signal {w['signal']})")
+    if logical:
+        print(f"  calls      {len(logical)}")
+        if len(logical) > len(calls):
+            print(f"    … {len(logical) - len(calls)} earlier calls (`tcc show --json` lists all)")
+        for call in calls:
+            print(_call_line(call))
     print("  events")
     for e in events:
         extra = " ".join(f"{k}={v}" for k, v in dict(e.data).items())

@@ -33,7 +33,6 @@ import reprlib
 import signal
 import threading
 import time
-import traceback
 from collections import deque
 from typing import Any, Callable, Iterable
 
@@ -56,6 +55,7 @@ from ..effects._effect import (
 )
 from ..store import Completion, JournalRecord, Store
 from ._globals import ModuleState
+from ._report import encode_error as encode_error
 from ._trace import Tracer
 
 STATE_TAG = "tcc-run-state"
@@ -295,15 +295,6 @@ def _lingered(running: set[asyncio.Future[Any]], work: asyncio.Future[Any]) -> N
     running.discard(work)
     if not work.cancelled():
         work.exception()  # retrieved: asyncio must not log it as never retrieved
-
-
-def encode_error(exc: BaseException) -> bytes:
-    doc = {
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
-    return json.dumps(doc).encode()
 
 
 def encode_result(value: Any) -> bytes:
@@ -1036,7 +1027,9 @@ class Driver:
                                           error=json.dumps({"type": "verify", "message": evidence}).encode())
                     return Outcome(self.run_id, "unverified", result, f"verify: {evidence}", self.effects,
                                    self.checkpoints, self.replayed)
-            self.store.set_status(self.run_id, self.epoch, "completed", result=encode_result(result))
+            # error=b"": a run that failed once (then `tcc retry`) no longer shows that error
+            self.store.set_status(self.run_id, self.epoch, "completed", result=encode_result(result),
+                                  error=b"")
             return Outcome(self.run_id, "completed", result, None, self.effects, self.checkpoints, self.replayed)
         assert exc is not None
         self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(exc))

@@ -370,7 +370,7 @@ def resume(
     if retry_failed:
         pending, calls, replay = _retry_plan(store, run, pending, calls, replay)
     if run.status != "running":  # only once the state loaded: a refusal changes nothing
-        run = store.set_status(run_id, run.epoch, "running")
+        run = store.set_status(run_id, run.epoch, "running", error=b"")  # a retried failure
     verify_name = _verify_name(store, run_id)
     check = _verify_func(run.entry, verify_name) if verify_name else None
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
