@@ -10,6 +10,18 @@ other global becomes a :class:`Stub` class that, when called, reconstructed or
 given state, just records what it was given.  Nothing in the pickle can reach
 a ``__reduce__``/``__setstate__``/``__repr__`` of a user class.
 
+An allowlisted type can refuse what it is given once parts of it became
+stubs (a ``datetime`` whose ``tzinfo`` is a ``ZoneInfo``, a ``defaultdict``
+whose factory is a lambda).  That is not damage: the payload is then read
+again by :class:`TolerantUnpickler`, the same restrictions in pure Python,
+where such a value becomes a view (:class:`AwareView`,
+:class:`DefaultDictView`) or a stub marked "not rebuilt" that carries the
+type's name and arguments.  Only data neither can read (truncated, malformed)
+makes :func:`safe_loads` raise.  Stubs of some well-known types (``ZoneInfo``,
+``pathlib`` paths, compiled patterns, numpy arrays, dtypes and scalars) are
+rendered like the real object, from their recorded arguments, with stdlib code
+only; numpy is never imported.
+
 :func:`describe` turns the root of a run state (the root coroutine) into a
 list of :class:`FrameInfo`, outermost first, following the await chain
 through the value stacks, with lines mapped from the stored instruction
@@ -33,14 +45,16 @@ import fractions
 import io
 import linecache
 import os
+import pathlib
 import pickle
 import re
 import reprlib
+import struct
 import sys
 import tokenize
 import types
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from . import _frames
 from ._api import _deep_recursion
@@ -331,6 +345,14 @@ class Stub(metaclass=StubMeta):
                 out.update(part or {})
         elif isinstance(state, dict):
             out.update(state)
+        inner = out.get("__dict__")
+        if isinstance(inner, dict) and all(isinstance(k, str) and k.startswith("__") for k in out):
+            # A __getstate__ that wraps the instance dict (pydantic models and
+            # the like): show the fields, plus the extra fields if any.
+            extra = out.get("__pydantic_extra__")
+            out = dict(inner)
+            if isinstance(extra, dict):
+                out.update(extra)
         return {k: v for k, v in out.items() if isinstance(k, str)}
 
     def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
@@ -338,6 +360,16 @@ class Stub(metaclass=StubMeta):
         head = cls._tcc_display()
         if level <= 0:
             return f"<{head} ...>"
+        known = _STUB_DISPLAYS.get(_display_key(cls))
+        if known is not None:
+            shown_as = known(self, r, level)
+            if shown_as is not None:
+                return shown_as
+        members = getattr(cls, "_tcc_members", None)
+        if isinstance(members, tuple) and len(self._tcc_args) == 1 and not self._tcc_kwargs:
+            for member, value in members:  # a member of an enum captured by value
+                if type(value) is type(self._tcc_args[0]) and value == self._tcc_args[0]:
+                    return f"<{head}.{member}: {r.repr1(value, level - 1)}>"
         parts = [r.repr1(a, level - 1) for a in self._tcc_args[:3]]
         if len(self._tcc_args) > 3:
             parts.append("...")
@@ -351,6 +383,8 @@ class Stub(metaclass=StubMeta):
             shown.append(f"state={r.repr1(self._tcc_state, level - 1)}")
         if self._tcc_items:
             shown.append(f"items={r.repr1(list(self._tcc_items[:4]), level - 1)}")
+        if getattr(cls, "_tcc_unbuilt", False):
+            shown.append("(not rebuilt)")
         return text + (" " + " ".join(shown) if shown else "") + ">"
 
 
@@ -516,7 +550,9 @@ def _cp_make_skeleton_class(*args: Any) -> StubMeta:
 def _cp_make_skeleton_enum(*args: Any) -> StubMeta:
     strings = [a for a in args if isinstance(a, str)]
     name, qualname, module = (strings + ["?", "?", ""])[:3]
-    return stub_class(module, qualname, _tcc_by_value=True)
+    members = next((a for a in args if isinstance(a, dict)), {})
+    pairs = tuple((k, v) for k, v in members.items() if isinstance(k, str))
+    return stub_class(module, qualname, _tcc_by_value=True, _tcc_members=pairs)
 
 
 def _cp_class_setstate(obj: Any, state: Any) -> Any:
@@ -599,19 +635,34 @@ def _is_builtin_exception(cls: Any) -> bool:
     )
 
 
-class SafeUnpickler(pickle.Unpickler):
-    """An unpickler that builds views and stubs instead of live user objects."""
+class _Globals:
+    """What the restricted unpicklers hand out for the globals a pickle names.
 
-    def __init__(self, file: Any) -> None:
-        super().__init__(file)
-        self._stubs: dict[tuple[str, str], StubMeta] = {}
+    Shared by :class:`SafeUnpickler` (the C unpickler, fast) and
+    :class:`TolerantUnpickler` (the pure-Python one, which survives values
+    that cannot be rebuilt).
+    """
 
-    def stub(self, module: str, qualname: str) -> StubMeta:
-        key = (module, qualname)
+    def __init__(self) -> None:
+        self._stubs: dict[tuple[str, str, bool], StubMeta] = {}
+
+    def stub(self, module: str, qualname: str, *, unbuilt: bool = False) -> StubMeta:
+        key = (module, qualname, unbuilt)
         cls = self._stubs.get(key)
         if cls is None:
-            cls = self._stubs[key] = stub_class(module, qualname)
+            extra = {"_tcc_unbuilt": True} if unbuilt else {}
+            cls = self._stubs[key] = stub_class(module, qualname, **extra)
         return cls
+
+    def unbuilt(self, func: Any) -> StubMeta:
+        """The stub standing for what calling ``func`` (a real class...) failed to build."""
+        name = stub_name(func)
+        if name is None and isinstance(func, (type, types.FunctionType, types.BuiltinFunctionType)):
+            module = getattr(func, "__module__", None)
+            qualname = getattr(func, "__qualname__", None)
+            if isinstance(module, str) and isinstance(qualname, str):
+                return self.stub("" if module == "builtins" else module, qualname, unbuilt=True)
+        return self.stub("", name or _class_label(func), unbuilt=True)
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "tcc.capture._records" and name in _RECORDS:
@@ -677,6 +728,222 @@ class SafeUnpickler(pickle.Unpickler):
         return self.stub("", _class_label(cls))(state)
 
 
+class SafeUnpickler(pickle.Unpickler):
+    """An unpickler that builds views and stubs instead of live user objects.
+
+    It is the C unpickler: a value that an allowlisted type refuses to be
+    rebuilt from (a ``datetime`` whose ``tzinfo`` became a stub...) makes
+    :meth:`load` raise; :func:`safe_loads` then reads the payload again with
+    :class:`TolerantUnpickler`.
+    """
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self.globals = _Globals()
+
+    def stub(self, module: str, qualname: str) -> StubMeta:
+        return self.globals.stub(module, qualname)
+
+    def find_class(self, module: str, name: str) -> Any:
+        return self.globals.find_class(module, name)
+
+
+class TolerantUnpickler(pickle._Unpickler):
+    """The restricted unpickler in pure Python, where a value that cannot be
+    rebuilt becomes a named stub instead of an error.
+
+    Its ``find_class`` is :class:`SafeUnpickler`'s, so it hands out exactly the
+    same callables; only the opcodes that *apply* them (``REDUCE``,
+    ``NEWOBJ``, ``BUILD``, ``APPENDS``, ``SETITEMS``...) are wrapped: when an
+    allowlisted type refuses its arguments (a ``datetime`` given a stub
+    ``tzinfo``, a ``defaultdict`` given a function view as its factory), the
+    result is a view or a ``(not rebuilt)`` stub carrying the type's name and
+    the arguments.  Malformed data (unknown opcodes, truncation, a stack
+    underflow) still raises.
+    """
+
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(pickle._Unpickler.dispatch)
+    # Set by pickle._Unpickler.load (not in its stubs).
+    stack: list[Any]
+    metastack: list[list[Any]]
+    memo: dict[int, Any]
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self.globals = _Globals()
+
+    def stub(self, module: str, qualname: str) -> StubMeta:
+        return self.globals.stub(module, qualname)
+
+    def find_class(self, module: str, name: str) -> Any:
+        return self.globals.find_class(module, name)
+
+    # applying what find_class handed out ----------------------------------------
+
+    def call(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """``func(*args, **kwargs)``, or what stands for it if that fails."""
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise pickle.UnpicklingError(f"malformed arguments for {_class_label(func)}")
+        try:
+            return func(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not rebuilt: keep what it was given
+            return self.not_rebuilt(func, args, kwargs)
+
+    def not_rebuilt(self, func: Any, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> Any:
+        fallback = _REBUILD_FALLBACKS.get(func) if type(func) is type else None
+        if fallback is not None and not kwargs:
+            view = fallback(args)
+            if view is not None:
+                return view
+        named = {str(k): v for k, v in kwargs.items()}
+        return self.globals.unbuilt(func)(*args, **named)
+
+    def replace(self, old: Any, new: Any) -> None:
+        """Put ``new`` where ``old`` is: on top of the stack and in the memo."""
+        self.stack[-1] = new
+        for key, value in self.memo.items():
+            if value is old:
+                self.memo[key] = new
+
+    def _load_reduce(self) -> None:
+        stack = self.stack
+        args = stack.pop()
+        func = stack[-1]
+        stack[-1] = self.call(func, args, {})
+
+    def _new(self, cls: Any, args: Any, kwargs: Any) -> None:
+        if not isinstance(cls, type):
+            raise pickle.UnpicklingError("NEWOBJ class argument isn't a type object")
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise pickle.UnpicklingError(f"malformed arguments for {_class_label(cls)}")
+        try:
+            obj: Any = cls.__new__(cls, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - not rebuilt: keep what it was given
+            obj = self.not_rebuilt(cls, args, kwargs)
+        self.stack.append(obj)
+
+    def _load_newobj(self) -> None:
+        args = self.stack.pop()
+        cls = self.stack.pop()
+        self._new(cls, args, {})
+
+    def _load_newobj_ex(self) -> None:
+        kwargs = self.stack.pop()
+        args = self.stack.pop()
+        cls = self.stack.pop()
+        self._new(cls, args, kwargs)
+
+    def _instantiate(self, klass: Any, args: Any) -> None:  # INST and OBJ (protocols 0 and 1)
+        self.stack.append(self.call(klass, tuple(args), {}))
+
+    def _apply(self, opcode: bytes, target: Any, consumed: list[Any]) -> None:
+        """Run the base handler of ``opcode`` on ``target``; if the target
+        refuses, it becomes a ``(not rebuilt)`` stub holding what it was given."""
+        try:
+            pickle._Unpickler.dispatch[opcode[0]](self)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - the target refused what the pickle gives it
+            if not self.stack or self.stack[-1] is not target:
+                raise
+            stub = self.globals.unbuilt(type(target))()
+            if opcode == pickle.BUILD:
+                stub.__setstate__(consumed[0])
+            elif opcode in (pickle.SETITEM, pickle.SETITEMS):
+                for i in range(0, len(consumed) - 1, 2):
+                    stub[consumed[i]] = consumed[i + 1]
+            else:
+                stub.extend(consumed)
+            self.replace(target, stub)
+
+    def _apply_top(self, opcode: bytes, consumes: int) -> None:
+        if len(self.stack) <= consumes:
+            raise pickle.UnpicklingError(f"stack underflow at {opcode!r}")
+        self._apply(opcode, self.stack[-consumes - 1], self.stack[-consumes:])
+
+    def _apply_marked(self, opcode: bytes) -> None:
+        if not self.metastack or not self.metastack[-1]:
+            raise pickle.UnpicklingError(f"no MARK or no target for {opcode!r}")
+        self._apply(opcode, self.metastack[-1][-1], list(self.stack))
+
+    def _load_build(self) -> None:
+        self._apply_top(pickle.BUILD, 1)
+
+    def _load_append(self) -> None:
+        self._apply_top(pickle.APPEND, 1)
+
+    def _load_setitem(self) -> None:
+        self._apply_top(pickle.SETITEM, 2)
+
+    def _load_appends(self) -> None:
+        self._apply_marked(pickle.APPENDS)
+
+    def _load_setitems(self) -> None:
+        self._apply_marked(pickle.SETITEMS)
+
+    def _load_additems(self) -> None:
+        self._apply_marked(pickle.ADDITEMS)
+
+    dispatch[pickle.REDUCE[0]] = _load_reduce
+    dispatch[pickle.NEWOBJ[0]] = _load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = _load_newobj_ex
+    dispatch[pickle.BUILD[0]] = _load_build
+    dispatch[pickle.APPEND[0]] = _load_append
+    dispatch[pickle.APPENDS[0]] = _load_appends
+    dispatch[pickle.SETITEM[0]] = _load_setitem
+    dispatch[pickle.SETITEMS[0]] = _load_setitems
+    dispatch[pickle.ADDITEMS[0]] = _load_additems
+
+
+class AwareView(View):
+    """A ``datetime``/``time`` whose ``tzinfo`` could not be rebuilt (a ``ZoneInfo``...)."""
+
+    __slots__ = ("naive", "tzinfo")
+
+    def __init__(self, naive: datetime.datetime | datetime.time, tzinfo: Any) -> None:
+        self.naive = naive
+        self.tzinfo = tzinfo
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return f"{repr(self.naive)[:-1]}, tzinfo={r.repr1(self.tzinfo, level - 1)})"
+
+
+class DefaultDictView(View, dict):  # type: ignore[type-arg]
+    """A ``defaultdict`` whose factory is not a real callable (a function view, ...)."""
+
+    __slots__ = ("factory",)
+
+    def __init__(self, factory: Any) -> None:
+        super().__init__()
+        self.factory = factory
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        items = list(dict.items(self))
+        return f"defaultdict({r.repr1(self.factory, level - 1)}, {r.repr_mapping(self, level, items)})"
+
+
+def _aware(cls: Any) -> Callable[[tuple[Any, ...]], Any]:
+    def rebuild(args: tuple[Any, ...]) -> Any:
+        if len(args) == 2 and isinstance(args[0], (bytes, str)):
+            try:
+                return AwareView(cls(args[0]), args[1])
+            except Exception:  # noqa: BLE001 - not even the naive value: a stub
+                return None
+        return None
+
+    return rebuild
+
+
+def _inert_defaultdict(args: tuple[Any, ...]) -> Any:
+    return DefaultDictView(args[0]) if len(args) == 1 else None
+
+
+# What a value an allowlisted type refused its arguments becomes instead.
+_REBUILD_FALLBACKS: dict[type, Callable[[tuple[Any, ...]], Any]] = {
+    datetime.datetime: _aware(datetime.datetime),
+    datetime.time: _aware(datetime.time),
+    collections.defaultdict: _inert_defaultdict,
+}
+
+
 def _class_label(cls: Any) -> str:
     name = stub_name(cls)
     if name is not None:
@@ -687,9 +954,20 @@ def _class_label(cls: Any) -> str:
 
 
 def safe_loads(payload: bytes) -> Any:
-    """Unpickle a snapshot payload into views, running no user code."""
+    """Unpickle a snapshot payload into views, running no user code.
+
+    The fast C unpickler reads it first; if it fails (an allowlisted type
+    refusing a stub or a view as an argument), the pure-Python
+    :class:`TolerantUnpickler` reads it again, turning such values into
+    named stubs.  Only what that one cannot read either (truncated or
+    malformed data) raises.
+    """
     with _deep_recursion():
-        return SafeUnpickler(io.BytesIO(payload)).load()
+        try:
+            return SafeUnpickler(io.BytesIO(payload)).load()
+        except Exception:  # noqa: BLE001 - retried below, which raises if it is damage
+            pass
+        return TolerantUnpickler(io.BytesIO(payload)).load()
 
 
 # ---------------------------------------------------------------- reprs
@@ -723,18 +1001,280 @@ class _SafeRepr(reprlib.Repr):
                 return f"<{type(x).__qualname__} object; repr failed: {type(exc).__name__}>"
         t = type(x)
         if t in _SAFE_TYPES or _is_builtin_exception(t) or t in (types.CodeType,):
-            if isinstance(x, BaseException):
-                args = ", ".join(self.repr1(a, level - 1) for a in x.args[:3])
-                return f"{t.__name__}({args})"
-            if isinstance(x, (collections.OrderedDict, collections.defaultdict, collections.Counter)):
-                inner = self.repr_dict(x, level)
-                return f"{t.__name__}({inner})"
-            return super().repr1(x, level)
+            try:
+                return self._safe_type(x, level)
+            except Exception as exc:  # noqa: BLE001 - odd contents: name the type
+                return f"<{_class_label(t).removeprefix('builtins.')} object; repr failed: {type(exc).__name__}>"
         if isinstance(x, types.CodeType):
             return f"<code {x.co_qualname}>"
         if t is type:  # a real class: only allowlisted ones get here
             return f"<class {_class_label(x).removeprefix('builtins.')}>"
         return f"<{t.__module__}.{t.__qualname__} object>"
+
+    def _safe_type(self, x: Any, level: int) -> str:
+        """The repr of an allowlisted type's instance (its contents may be views)."""
+        t = type(x)
+        if isinstance(x, BaseException):
+            args = ", ".join(self.repr1(a, level - 1) for a in x.args[:3])
+            return f"{t.__name__}({args})"
+        if isinstance(x, collections.defaultdict):
+            factory = self.repr1(x.default_factory, level - 1)
+            return f"defaultdict({factory}, {self.repr_mapping(x, level, list(x.items()))})"
+        if isinstance(x, collections.Counter):
+            items = list(x.items())
+            try:
+                items.sort(key=lambda kv: kv[1], reverse=True)  # most common first, as Counter shows
+            except TypeError:
+                pass
+            return f"Counter({self.repr_mapping(x, level, items)})"
+        if isinstance(x, collections.OrderedDict):
+            return f"OrderedDict({self.repr_mapping(x, level, list(x.items()))})"
+        if isinstance(x, collections.deque) and x.maxlen is not None:
+            return f"{self.repr_deque(x, level)[:-1]}, maxlen={x.maxlen})"
+        return super().repr1(x, level)
+
+    def repr_mapping(self, x: Any, level: int, items: list[tuple[Any, Any]]) -> str:
+        """``{k: v, ...}`` of ``items`` in the order given (reprlib sorts keys)."""
+        if not items:
+            return "{}"
+        if level <= 0:
+            return "{" + self.fillvalue + "}"
+        pieces = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in items[: self.maxdict]]
+        if len(items) > self.maxdict:
+            pieces.append(self.fillvalue)
+        return "{" + ", ".join(pieces) + "}"
+
+
+# --------------------------------------------------- stubs of well-known types
+#
+# Objects of some common types are pickled by naming a function or class that
+# inspect never calls (``re._compile``, ``pathlib.PosixPath``, numpy's
+# ``_frombuffer``...).  Their stubs are shown as the real object would be,
+# computed from the recorded arguments with stdlib code only.
+
+
+def _display_key(cls: Any) -> str:
+    module = cls._tcc_module
+    for package in ("numpy", "pathlib"):
+        if module == package or module.startswith(package + "."):
+            module = package
+    return f"{module}.{cls._tcc_qualname}"
+
+
+def _show_zoneinfo(obj: Stub, r: _SafeRepr, level: int) -> str | None:
+    args = obj._tcc_args
+    if args and isinstance(args[0], str):
+        return f"zoneinfo.ZoneInfo(key={r.repr1(args[0], level - 1)})"
+    return None
+
+
+def _show_path(obj: Stub, r: _SafeRepr, level: int) -> str | None:
+    args = obj._tcc_args
+    name = type(obj)._tcc_qualname
+    if obj._tcc_kwargs or not all(isinstance(a, str) for a in args):
+        return None
+    try:
+        if "Windows" in name:
+            text = pathlib.PureWindowsPath(*args).as_posix()
+        else:
+            text = str(pathlib.PurePosixPath(*args))
+    except (TypeError, ValueError):
+        return None
+    return f"{name}({r.repr1(text, level - 1)})"
+
+
+_RE_FLAGS = (
+    (re.IGNORECASE, "re.IGNORECASE"), (re.LOCALE, "re.LOCALE"), (re.MULTILINE, "re.MULTILINE"),
+    (re.DOTALL, "re.DOTALL"), (re.UNICODE, "re.UNICODE"), (re.VERBOSE, "re.VERBOSE"),
+    (re.DEBUG, "re.DEBUG"), (re.ASCII, "re.ASCII"),
+)
+
+
+def _show_pattern(obj: Stub, r: _SafeRepr, level: int) -> str | None:
+    args = obj._tcc_args
+    if len(args) != 2 or not isinstance(args[0], (str, bytes)) or not isinstance(args[1], int):
+        return None
+    pattern, flags = args
+    if isinstance(pattern, str):
+        flags &= ~re.UNICODE  # implied for str patterns (re's own repr leaves it out)
+    names = [name for flag, name in _RE_FLAGS if flags & flag]
+    rest = flags & ~sum(flag for flag, _name in _RE_FLAGS)
+    if rest:
+        names.append(hex(rest))
+    shown = f", {'|'.join(names)}" if names else ""
+    return f"re.compile({r.repr1(pattern, level - 1)}{shown})"
+
+
+# numpy: dtype kind -> (struct code by item size, name prefix)
+_NP_KINDS = {
+    "b": ({1: "?"}, "bool"),
+    "i": ({1: "b", 2: "h", 4: "i", 8: "q"}, "int"),
+    "u": ({1: "B", 2: "H", 4: "I", 8: "Q"}, "uint"),
+    "f": ({2: "e", 4: "f", 8: "d"}, "float"),
+    "c": ({8: "ff", 16: "dd"}, "complex"),
+}
+_NATIVE_ORDER = "<" if sys.byteorder == "little" else ">"
+_NP_SHOWN = 6
+
+
+@dataclasses.dataclass
+class _NpType:
+    name: str  # as numpy names it: float64, >i4, <U5, object...
+    kind: str
+    size: int  # bytes per item
+    order: str  # "<", ">" or "|"
+
+
+def _np_dtype(obj: Any) -> _NpType | None:
+    """What a stub of ``numpy.dtype(spec, align, copy)`` + its state describes."""
+    if stub_name(obj) is None or _display_key(type(obj)) != "numpy.dtype":
+        return None
+    args, state = obj._tcc_args, obj._tcc_state
+    if not args or not isinstance(args[0], str) or len(args[0]) < 2:
+        return None
+    spec = args[0]
+    kind, digits = spec[0], spec[1:]
+    order = state[1] if isinstance(state, tuple) and len(state) > 5 and state[1] in "<>|=" else "|"
+    order = _NATIVE_ORDER if order == "=" else order
+    elsize = state[5] if isinstance(state, tuple) and len(state) > 5 and isinstance(state[5], int) else -1
+    size = int(digits) if digits.isdigit() else 0
+    if kind in _NP_KINDS:
+        name = _NP_KINDS[kind][1] + ("" if kind == "b" else str(8 * size))
+        if order not in (_NATIVE_ORDER, "|") and size > 1:
+            name = f"{order}{kind}{size}"
+    elif kind == "U":
+        size = elsize if elsize > 0 else 4 * size
+        name = f"{order if order != '|' else _NATIVE_ORDER}U{size // 4}"
+    elif kind == "S":
+        size = elsize if elsize > 0 else size
+        name = f"|S{size}"
+    elif kind == "O":
+        name = "object"
+    elif kind == "V":
+        names = state[3] if isinstance(state, tuple) and len(state) > 3 else None
+        if isinstance(names, tuple) and all(isinstance(n, str) for n in names):
+            name = "[" + ", ".join(names) + "]"
+        else:
+            name = f"void{8 * size}"
+    elif kind in ("M", "m"):
+        name = "datetime64" if kind == "M" else "timedelta64"
+    else:
+        name = spec
+    return _NpType(name, kind, size, order)
+
+
+def _np_values(dtype: _NpType, raw: Any, positions: list[int], r: _SafeRepr, level: int) -> list[str] | None:
+    """Reprs of the items at ``positions`` of a numpy buffer, decoded with struct (or None)."""
+    if isinstance(raw, list):  # object arrays: the items themselves
+        if not all(p < len(raw) for p in positions):
+            return None
+        return [r.repr1(raw[p], level - 1) for p in positions]
+    if not isinstance(raw, (bytes, bytearray)) or dtype.size <= 0:
+        return None
+    if not all((p + 1) * dtype.size <= len(raw) for p in positions):
+        return None
+    chunks = [bytes(raw[p * dtype.size:(p + 1) * dtype.size]) for p in positions]
+    order = "<" if dtype.order == "|" else dtype.order
+    try:
+        if dtype.kind in _NP_KINDS:
+            code = _NP_KINDS[dtype.kind][0].get(dtype.size)
+            if code is None:
+                return None
+            values = [struct.unpack(order + code, c) for c in chunks]
+            if dtype.kind == "c":
+                return [repr(complex(*v)) for v in values]
+            return [repr(v[0]) for v in values]
+        if dtype.kind == "U":
+            codec = "utf-32-le" if order == "<" else "utf-32-be"
+            return [r.repr1(c.decode(codec).rstrip("\x00"), level - 1) for c in chunks]
+        if dtype.kind == "S":
+            return [r.repr1(c.rstrip(b"\x00"), level - 1) for c in chunks]
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _np_positions(shape: tuple[int, ...], fortran: bool, count: int) -> list[int]:
+    """Buffer positions of the first ``count`` items in row-major order."""
+    if not fortran or len(shape) <= 1:
+        return list(range(count))
+    positions = []
+    for flat in range(count):
+        index = []
+        for n in reversed(shape):  # row-major: the last axis varies fastest
+            flat, i = divmod(flat, n)
+            index.append(i)
+        index.reverse()
+        position, stride = 0, 1
+        for i, n in zip(index, shape):  # column-major: the first axis is contiguous
+            position += i * stride
+            stride *= n
+        positions.append(position)
+    return positions
+
+
+def _np_array(shape: Any, dtype_stub: Any, fortran: bool, raw: Any, r: _SafeRepr, level: int) -> str | None:
+    if not (isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)):
+        return None
+    dtype = _np_dtype(dtype_stub)
+    head = f"<numpy.ndarray shape={shape!r} dtype={dtype.name if dtype else r.repr1(dtype_stub, level - 1)}"
+    total = 1
+    for n in shape:
+        total *= n
+    values = None
+    if dtype is not None and total:
+        values = _np_values(dtype, raw, _np_positions(shape, fortran, min(total, _NP_SHOWN)), r, level)
+    if values:
+        more = ", …" if total > len(values) else ""
+        return f"{head} [{', '.join(values)}{more}]>"
+    return head + ">"
+
+
+def _show_np_frombuffer(obj: Stub, r: _SafeRepr, level: int) -> str | None:
+    args = obj._tcc_args
+    if len(args) != 4:
+        return None
+    buf, dtype, shape, order = args
+    return _np_array(shape, dtype, order == "F", buf, r, level)
+
+
+def _show_np_reconstruct(obj: Stub, r: _SafeRepr, level: int) -> str | None:
+    state = obj._tcc_state
+    if not (obj._tcc_args and stub_name(obj._tcc_args[0]) in ("numpy.ndarray",)):
+        return None
+    if not (isinstance(state, tuple) and len(state) == 5):
+        return None
+    _version, shape, dtype, fortran, raw = state
+    return _np_array(shape, dtype, bool(fortran), raw, r, level)
+
+
+def _show_np_scalar(obj: Stub, r: _SafeRepr, level: int) -> str | None:
+    args = obj._tcc_args
+    dtype = _np_dtype(args[0]) if args else None
+    if dtype is None or len(args) != 2:
+        return None
+    values = _np_values(dtype, args[1] if dtype.kind != "O" else [args[1]], [0], r, level)
+    if not values:
+        return None
+    name = dtype.name.lstrip("<>|")
+    return f"numpy.{'str_' if dtype.kind == 'U' else name}({values[0]})"
+
+
+def _show_np_dtype(obj: Stub, r: _SafeRepr, level: int) -> str | None:
+    dtype = _np_dtype(obj)
+    return f"dtype({dtype.name!r})" if dtype is not None else None
+
+
+_STUB_DISPLAYS: dict[str, Callable[[Stub, _SafeRepr, int], "str | None"]] = {
+    "zoneinfo.ZoneInfo._unpickle": _show_zoneinfo,
+    "re._compile": _show_pattern,
+    "numpy._frombuffer": _show_np_frombuffer,
+    "numpy._reconstruct": _show_np_reconstruct,
+    "numpy.scalar": _show_np_scalar,
+    "numpy.dtype": _show_np_dtype,
+    **{f"pathlib.{name}": _show_path for name in (
+        "Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")},
+}
 
 
 def safe_repr(obj: Any, limit: int = _REPR_LIMIT, *, unsafe: bool = False) -> str:

@@ -3,7 +3,8 @@
 The snapshot is read with :mod:`tcc.capture._inspect`'s restricted unpickler:
 nothing is resumed, the agent's script is not imported and no user code runs
 (``--unsafe-repr`` imports the script, loads the snapshot normally and uses
-real reprs).
+real reprs).  The module globals a snapshot holds (the run state's 7th item)
+are shown after the stack, with the same safe reprs as the locals.
 """
 
 from __future__ import annotations
@@ -72,12 +73,31 @@ def _pick_snapshot(store: Store, run_id: str, at: int | None) -> tuple[SnapshotI
         "failed verification and none was loaded; restore the store from a backup")
 
 
-def _split_state(state: Any, run_id: str, number: int) -> tuple[Any, Any, Any, Any]:
-    if not (isinstance(state, tuple) and len(state) in (5, 6) and state[0] == STATE_TAG):
+def _split_state(state: Any, run_id: str, number: int) -> tuple[Any, Any, Any, Any, Any]:
+    """(coro, pending, calls, waits, module globals) of a run state.
+
+    A run state is ``(STATE_TAG, version, coro, pending, calls[, waits[, globals]])``:
+    older snapshots have no waits (5 items) or no module globals (6 items).
+    """
+    if not (isinstance(state, tuple) and len(state) in (5, 6, 7) and state[0] == STATE_TAG):
         raise errors.CorruptSnapshotError(f"run {run_id}: snapshot {number} is not a run state")
     coro, pending, calls = state[2], state[3], state[4]
-    waits = state[5] if len(state) == 6 else {}
-    return coro, pending, calls, waits
+    waits = state[5] if len(state) >= 6 else {}
+    module_globals = state[6] if len(state) >= 7 else {}
+    return coro, pending, calls, waits, module_globals
+
+
+def _globals_doc(module_globals: Any, unsafe: bool) -> dict[str, dict[str, str]]:
+    """{module: {global name: safe repr}} of the module globals a snapshot holds."""
+    if not isinstance(module_globals, dict):
+        return {}
+    doc: dict[str, dict[str, str]] = {}
+    for module, values in module_globals.items():
+        if not isinstance(values, dict) or not values:
+            continue
+        shown = {str(name): insp.safe_repr(value, unsafe=unsafe) for name, value in values.items()}
+        doc[insp.display_module(str(module)) or str(module)] = shown
+    return doc
 
 
 def _pending_text(pending: Any, unsafe: bool) -> str | None:
@@ -129,7 +149,7 @@ def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, un
             raise errors.CorruptSnapshotError(
                 f"run {run_id}: snapshot {info.number} cannot be read: {type(exc).__name__}: {exc}"
             ) from exc
-    coro, pending, calls, waits = _split_state(state, run_id, info.number)
+    coro, pending, calls, waits, module_globals = _split_state(state, run_id, info.number)
     frames, awaiting = insp.describe(coro, _locator(run), unsafe=unsafe)
     doc = {
         "run": run_id,
@@ -145,6 +165,7 @@ def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, un
         "frames": [_frame_doc(f) for f in frames],
         "awaiting": dataclass_doc(awaiting),
         "pending": _pending_text(pending, unsafe),
+        "globals": _globals_doc(module_globals, unsafe),
         "notes": notes,
     }
     if as_json:
@@ -252,6 +273,14 @@ def _render(doc: dict[str, Any], frames: list[insp.FrameInfo], awaiting: insp.Aw
         out.append(s.dim(f"  ({doc['pending']})"))
     if not frames:
         out.append(s.dim("  (no suspended frames)"))
+    if doc["globals"]:
+        out.append("")
+        out.append(s.bold("Module globals:"))
+        for module, values in doc["globals"].items():
+            out.append(f"  {s.name(module)}")
+            width = min(max((len(name) for name in values), default=0), 18)
+            for name, value in values.items():
+                out.append(f"    {s.dim('│')} {s.var(name.ljust(width))} = {value}")
     return "\n".join(out) + "\n"
 
 
