@@ -9,14 +9,24 @@ frame that holds the culprit:
 
     cannot capture agent.main() line 42 (agent.py:42): local 'client'
     -> _transport -> _pool: cannot pickle '_thread.RLock' object
+
+When the fix is known -- a lock, or a live client, connection, socket or
+open file, on the path -- a hint naming it follows: keep the object in
+``tcc.resource(factory, ...)``, which is captured as "call the factory
+again".  Types are recognised by module and class name only, so no client
+library is imported to check.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import io
 import itertools
+import re
+import sys
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from . import _frames, _pickler, _records
 
@@ -132,14 +142,22 @@ def _probe(obj: Any, make_pickler: Callable[[io.BytesIO], Any]) -> BaseException
 
 
 def explain(root: Any, original: BaseException, make_pickler: Callable[[io.BytesIO], Any]) -> str:
-    """A one-line description of where ``root`` fails to capture, and why."""
+    """A one-line description of where ``root`` fails to capture, and why.
+
+    If the fix is known (see :func:`hint`), it follows after ``; hint:``.
+    """
     frame: str | None = None
     path: list[str] = []
+    # The objects on the path from the innermost frame, each with the label
+    # that leads to it (the root has none); the hint is chosen from them.
+    held: list[tuple[str | None, Any]] = []
     reason: BaseException = original
     obj = root
     seen = {id(root)}
     if isinstance(root, _frames.GENERATOR_TYPES):
         frame = _frames.where(root)
+    else:
+        held.append((None, root))
     for _ in range(_MAX_DEPTH):
         for label, child in itertools.islice(_children(obj), _MAX_CHILDREN):
             if id(child) in seen:
@@ -150,9 +168,10 @@ def explain(root: Any, original: BaseException, make_pickler: Callable[[io.Bytes
             seen.add(id(child))
             reason = failure
             if isinstance(child, _frames.GENERATOR_TYPES):
-                frame, path = _frames.where(child), []
+                frame, path, held = _frames.where(child), [], []
             else:
                 path.append(label)
+                held.append((label, child))
             obj = child
             break
         else:
@@ -161,4 +180,185 @@ def explain(root: Any, original: BaseException, make_pickler: Callable[[io.Bytes
     if path:
         where += ": " + " -> ".join(path)
     detail = str(reason) or type(reason).__name__
-    return f"{where}: {detail}"
+    message = f"{where}: {detail}"
+    try:
+        advice = hint(held)
+    except Exception:  # noqa: BLE001 - a hint must never hide the real error
+        advice = None
+    return f"{message}; hint: {advice}" if advice else message
+
+
+# ------------------------------------------------------------------ hints
+
+
+class _Known(NamedTuple):
+    kind: str  # "lock", "client", "connection", "socket" or "file"
+    name: str  # how the type is shown, e.g. "threading.RLock"
+    factory: str  # what to pass to tcc.resource, e.g. "sqlite3.connect"
+    takes_args: bool  # whether the example shows "..." for the factory's arguments
+
+
+# Locks and other synchronisation primitives: (module, class) -> public name.
+_LOCKS: dict[tuple[str, str], str] = {
+    ("_thread", "lock"): "threading.Lock",
+    ("_thread", "RLock"): "threading.RLock",
+    ("threading", "_RLock"): "threading.RLock",
+    **{("threading", n): f"threading.{n}"
+       for n in ("Condition", "Semaphore", "BoundedSemaphore", "Event", "Barrier")},
+    **{("asyncio.locks", n): f"asyncio.{n}"
+       for n in ("Lock", "Condition", "Semaphore", "BoundedSemaphore", "Event", "Barrier")},
+    **{("multiprocessing.synchronize", n): f"multiprocessing.{n}"
+       for n in ("Lock", "RLock", "Condition", "Semaphore", "BoundedSemaphore", "Event",
+                 "Barrier")},
+}
+# Locks made without arguments in the common case; the others show "...".
+_LOCKS_WITHOUT_ARGS = {"Lock", "RLock", "Condition", "Event"}
+
+# Packages whose client, session and connection objects hold sockets, pools
+# and locks; a class of theirs counts as a live client if its name (or a base
+# class's) says so.
+_CLIENT_PACKAGES = frozenset({
+    "httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3", "aiohttp",
+    "openai", "anthropic", "mistralai", "cohere", "groq", "google",
+    "http", "ftplib", "smtplib", "imaplib", "poplib", "xmlrpc",
+    "psycopg", "psycopg2", "psycopg_pool", "asyncpg", "aiosqlite", "pymysql", "MySQLdb",
+    "mysql", "sqlalchemy", "duckdb", "redis", "pymongo", "motor", "elasticsearch",
+    "boto3", "botocore", "aiobotocore", "grpc", "websockets", "websocket", "paramiko",
+})
+_CLIENT_SUFFIXES = ("Client", "Session", "Connection", "ConnectionPool")
+_CLIENT_NAMES = frozenset({"OpenAI", "AsyncOpenAI", "AzureOpenAI", "AsyncAzureOpenAI",
+                           "Anthropic", "AsyncAnthropic", "Redis", "Engine", "AsyncEngine"})
+
+# Objects that only pass the path on: the object to name lies beyond them.
+# (So does any built-in type: containers, iterators, views, enumerate, ...)
+_PLUMBING = (collections.deque, types.CellType, types.MethodType, types.FunctionType,
+             types.BuiltinMethodType, types.SimpleNamespace, functools.partial, BaseException)
+
+_GENERIC_NAMES = {"lock": "lock", "client": "client", "connection": "conn", "socket": "sock",
+                  "file": "f"}
+_NOT_NAMES = frozenset({"function", "defaults", "state", "args"})
+_NAMED = re.compile(r"(?:local|cell variable|free variable|closure|global) '([A-Za-z_]\w*)'|"
+                    r"\['([A-Za-z_]\w*)'\]|([A-Za-z]\w*)")
+
+
+def _type_id(t: type) -> tuple[str, str]:
+    module = getattr(t, "__module__", None)
+    qualname = getattr(t, "__qualname__", None)
+    return (module if isinstance(module, str) else "",
+            qualname if isinstance(qualname, str) else "")
+
+
+def _public_name(t: type) -> str:
+    """``module.Class`` by the shortest module path that exports the class.
+
+    ``openai._client.OpenAI`` -> ``openai.OpenAI``.  Only modules already
+    imported are looked at, and only their namespace (no ``__getattr__``).
+    """
+    module, qualname = _type_id(t)
+    if module in ("", "builtins", "__main__", "__mp_main__"):
+        return qualname
+    if "." not in qualname:
+        parts = module.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            namespace = getattr(sys.modules.get(prefix), "__dict__", {})
+            if namespace.get(qualname) is t:
+                return f"{prefix}.{qualname}"
+    return f"{module}.{qualname}"
+
+
+def _is_plumbing(obj: Any) -> bool:
+    return isinstance(obj, _PLUMBING) or _type_id(type(obj))[0] == "builtins"
+
+
+def _factory_name(t: type) -> str:
+    """How the example calls a holder's class: its own classes by their bare name."""
+    top = _type_id(t)[0].partition(".")[0]
+    if top in sys.stdlib_module_names or top in _CLIENT_PACKAGES:
+        return _public_name(t)
+    qualname = _type_id(t)[1]
+    return qualname if qualname and "<" not in qualname else t.__name__
+
+
+def _known(t: type) -> _Known | None:
+    """What ``t`` is, if it is a type whose fix is known."""
+    mro = [b for b in getattr(t, "__mro__", (t,)) if b is not object]
+    ids = [_type_id(b) for b in mro]
+    for module, qualname in ids:
+        lock = _LOCKS.get((module, qualname))
+        if lock is not None:
+            return _Known("lock", lock, lock, lock.rpartition(".")[2] not in _LOCKS_WITHOUT_ARGS)
+        if (module, qualname) in (("socket", "socket"), ("_socket", "socket")):
+            return _Known("socket", _public_name(t), "socket.create_connection", True)
+        if (module, qualname) == ("sqlite3", "Connection"):
+            return _Known("connection", "sqlite3.Connection", "sqlite3.connect", True)
+    if any(m in ("_io", "io") and q in ("_IOBase", "IOBase") for m, q in ids) and not any(
+            m in ("_io", "io") and q in ("BytesIO", "StringIO") for m, q in ids):
+        return _Known("file", _public_name(t), "open", True)
+    for module, qualname in ids:
+        if module.partition(".")[0] in _CLIENT_PACKAGES and (
+                qualname in _CLIENT_NAMES or qualname.endswith(_CLIENT_SUFFIXES)):
+            name = _public_name(t)
+            kind = "connection" if qualname.endswith(("Connection", "ConnectionPool")) else "client"
+            return _Known(kind, name, name, True)
+    return None
+
+
+def _variable(label: str | None, default: str) -> str:
+    """The variable name ``label`` gives the object it leads to, else ``default``."""
+    if label is not None:
+        match = _NAMED.fullmatch(label)
+        if match is not None:
+            name = next(g for g in match.groups() if g is not None)
+            if name not in _NOT_NAMES:
+                return name
+    return default
+
+
+def hint(held: list[tuple[str | None, Any]]) -> str | None:
+    """How to fix a capture that failed on the path ``held``, if that is known.
+
+    ``held`` lists the objects from the innermost frame's variable (or the
+    captured root) down to the culprit, each with the label leading to it.
+    The object to keep in ``tcc.resource`` is the outermost live client on
+    the path; failing that, the first object that is more than a container
+    (the variable's value), if a lock, socket, file or connection sits in
+    it.
+    """
+    found = [(i, label, info) for i, (label, obj) in enumerate(held)
+             if (info := _known(type(obj))) is not None]
+    if not found:
+        return None
+    clients = [f for f in found if f[2].kind == "client"]
+    index, label, info = clients[0] if clients else found[0]
+    if info.kind == "lock" and info.name.rpartition(".")[2] not in ("Lock", "RLock"):
+        what = info.name  # threading.Event, asyncio.Semaphore, ...
+    else:
+        what = {
+            "lock": f"lock ({info.name})",
+            "client": f"live client ({info.name})",
+            "connection": f"live connection ({info.name})",
+            "socket": "socket",
+            "file": "open file",
+        }[info.kind]
+    subject = f"the {what}"
+    factory, takes_args = info.factory, info.takes_args
+    variable = _variable(label, _GENERIC_NAMES[info.kind])
+    note = ' (a file is opened again, at its start: not with mode "w", which empties it)'
+    if info.kind != "file":
+        note = ""
+    holder = next(((i, lab, obj) for i, (lab, obj) in enumerate(held)
+                   if not _is_plumbing(obj)), None)
+    if not clients and holder is not None and holder[0] < index:
+        # A lock (etc.) inside the variable's own object: rebuild that object.
+        holder_type = type(holder[2])
+        factory, takes_args, note = _factory_name(holder_type), True, ""
+        article = "an" if what[:1] in "aeiou" else "a"
+        subject = f"the {holder_type.__name__} that holds {article} {what}"
+        snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", holder_type.__name__).lower()
+        variable = _variable(holder[1], snake if snake.isidentifier() else "obj")
+    if variable == factory.partition(".")[0]:  # queue = tcc.resource(queue.Queue)
+        variable = "obj"
+    example = f"{variable} = tcc.resource({factory}{', ...' if takes_args else ''})"
+    return (f"keep {subject} in tcc.resource(factory, ...), which is captured as "
+            f'"call the factory again"{note}, e.g. {example}')

@@ -92,8 +92,21 @@ def slot_names(code: types.CodeType) -> list[str]:
     return names
 
 
+_COMPREHENSIONS = {
+    "<genexpr>": "generator expression",
+    "<listcomp>": "list comprehension",
+    "<setcomp>": "set comprehension",
+    "<dictcomp>": "dict comprehension",
+}
+
+
 def describe_slot(code: types.CodeType, index: int) -> str:
-    """'local x', 'cell c', 'free f' or 'stack[2]' for slot ``index``."""
+    """'local x', 'cell c', 'free f' or 'stack[2]' for slot ``index``.
+
+    The hidden argument ``.0`` of a generator expression or (not inlined)
+    comprehension is the iterator it loops over, and is named so, with the
+    line the expression starts on.
+    """
     names = slot_names(code)
     if index < len(names):
         name = names[index]
@@ -101,6 +114,9 @@ def describe_slot(code: types.CodeType, index: int) -> str:
             return f"free variable {name!r}"
         if name in code.co_cellvars:
             return f"cell variable {name!r}"
+        if name == ".0" and index == 0:
+            kind = _COMPREHENSIONS.get(code.co_name, "comprehension")
+            return f"the iterator of the {kind} at line {code.co_firstlineno}"
         return f"local {name!r}"
     return f"stack[{index - len(names)}]"
 
