@@ -14,7 +14,7 @@ def test_every_public_symbol_is_exported_exactly_once():
     assert len(tcc.__all__) == len(set(tcc.__all__))
     for name in tcc.__all__:
         assert hasattr(tcc, name), name
-    public = {n for n in dir(tcc) if not n.startswith("_") and n not in {"capture", "errors", "cli", "store", "effects", "runtime"}}
+    public = {n for n in dir(tcc) if not n.startswith("_") and n not in {"capture", "errors", "cli", "store", "effects", "runtime", "testing"}}
     assert public <= set(tcc.__all__), public - set(tcc.__all__)
 
 

@@ -281,3 +281,25 @@ def test_a_resource_passed_to_effects_is_built_once_per_process(tmp_path):
         "    ids = [await use(client, i) for i in range(3)]\n"
         "    return [len(set(ids)), len(BUILT)]\n")
     assert _result(Cli(tmp_path).run("run", "--json", str(script))) == [1, 1]
+
+
+@pytest.mark.parametrize("strategy", ["replay", "hybrid"])
+def test_replay_of_calls_that_pass_a_resource_is_not_a_divergence(tmp_path, strategy):
+    """A resource re-created by replay is the same argument as the recorded one (its factory call)."""
+    script = tmp_path / "res_replay.py"
+    script.write_text(
+        "import collections\n"
+        "import tcc\n"
+        "class Holder:\n"
+        "    def __init__(self, client):\n"
+        "        self.client = client\n"
+        "@tcc.effect\n"
+        "def use(holder, x):\n"
+        "    return x\n"
+        "async def main():\n"
+        "    holder = Holder(tcc.resource(collections.OrderedDict))\n"
+        "    return [await use(holder, i) for i in range(3)]\n")
+    cli = Cli(tmp_path)
+    got = _killed_then_resumed(cli, "r", str(script), after=2,
+                               options=("--strategy", strategy, "--checkpoint-every", "5"))
+    assert got == [0, 1, 2]

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 
 from .. import errors
 from ..capture import dump_payload, load_payload, seal
-from ..effects import _context, reusing_live_resources
+from ..effects import Resource, _context, reusing_live_resources
 from ..effects._effect import (
     CheckpointRequest,
     Effect,
@@ -200,15 +200,37 @@ def _same_arguments(recorded: bytes, now: bytes) -> bool:
     """Do two journaled argument payloads denote the same call?
 
     Equal bytes settle it.  Otherwise the two are loaded and compared with
-    ``==``: the same values can pickle differently in two processes (a set of
-    strings is ordered by the process's hash seed).
+    :func:`_equivalent`: the same values can pickle differently in two
+    processes (a set of strings is ordered by the process's hash seed, a
+    ``tcc.resource`` carries a token of its own).
     """
     if recorded == now:
         return True
     try:
-        return bool(load_payload(recorded) == load_payload(now))
+        return _equivalent(load_payload(recorded), load_payload(now), set())
     except Exception:  # noqa: BLE001 - e.g. an array's ambiguous truth value: not the same
         return False
+
+
+def _equivalent(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
+    """``a == b``, looking inside lists, tuples and dicts, comparing resources by their
+    factory call and objects without an ``__eq__`` of their own by their attributes."""
+    if a is b or (id(a), id(b)) in seen:
+        return True
+    if type(a) is not type(b):
+        return bool(a == b)
+    seen.add((id(a), id(b)))
+    if isinstance(a, Resource):
+        part = object.__getattribute__
+        return bool(part(a, "_factory") == part(b, "_factory")) and all(
+            _equivalent(part(a, name), part(b, name), seen) for name in ("_args", "_kwargs"))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equivalent(x, y, seen) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equivalent(a[k], b[k], seen) for k in a)
+    if getattr(type(a), "__eq__", None) is object.__eq__ and isinstance(getattr(a, "__dict__", None), dict):
+        return _equivalent(vars(a), vars(b), seen)
+    return bool(a == b)
 
 
 def _forgotten_await(made: list[Any], during: BaseException | None = None) -> errors.UnawaitedEffectError:
