@@ -218,3 +218,24 @@ def test_show_does_not_count_wait_and_sleep_markers_as_effects(tmp_path):
     done = start(cli, "n", "sleeper", "0")
     assert done["status"] == "completed" and done["effects"] == 2
     assert cli.show("n")["effects"] == 2
+
+
+def test_a_signal_after_a_timed_out_wait_reaches_the_next_wait(tmp_path):
+    """A wait on NAME that timed out leaves its slot unused; the next signal goes to the wait
+    the run is parked at (it went to the dead slot, and the run waited for ever)."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import tcc\n"
+        "async def main():\n"
+        "    try:\n"
+        "        first = await tcc.wait_for('note', timeout=0.2)\n"
+        "    except TimeoutError:\n"
+        "        first = 'timed out'\n"
+        "    return [first, await tcc.wait_for('note')]\n")
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "w", "--wait", "1", str(script), check=True)
+    assert cli.show("w")["status"] == "waiting"
+    sent = cli.run("signal", "w", "note", "--value", "5", check=True)
+    assert "note@2" in sent.stdout
+    done = json.loads(cli.run("resume", "--json", "w", check=True).stdout)
+    assert done["result"] == ["timed out", 5]

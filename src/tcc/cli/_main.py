@@ -282,14 +282,10 @@ def _cmd_signal(args: argparse.Namespace) -> int:
         _check_name(args.name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    from .. import runtime
+
     with _open(args, create=False) as store:
-        run = store.get_run(args.run_id)
-        if run.status in ("completed", "cancelled"):  # nothing will ever read it
-            raise UsageError(f"run {args.run_id} is already {run.status}; a signal would never be read")
-        for n in range(1, 100_000):
-            wait_id = f"{args.name}@{n}"
-            if store.send_signal(args.run_id, wait_id, args.value.encode()):
-                break
+        wait_id = runtime.send_signal(store, args.run_id, args.name, args.value.encode())
         _render.delivered(args.run_id, wait_id, as_json=args.json)
     return 0
 

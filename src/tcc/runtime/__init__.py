@@ -11,6 +11,7 @@ from ._worker import pending_waits as pending_waits
 from ._runs import resume as resume
 from ._runs import retry as retry
 from ._runs import reusable_run as reusable_run
+from ._runs import send_signal as send_signal
 from ._runs import start as start
 from ._scripts import load_script as load_script
 
@@ -27,5 +28,6 @@ __all__ = [
     "resume",
     "retry",
     "reusable_run",
+    "send_signal",
     "start",
 ]

@@ -167,6 +167,31 @@ def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every:
     )
 
 
+def send_signal(store: Store, run_id: str, name: str, value: bytes) -> str:
+    """Deliver ``value`` (JSON bytes) to the next ``tcc.wait_for(name)`` of the run that has
+    not ended, and return that wait's id (``NAME@k``).
+
+    Waits on one name are numbered in the order the run reaches them, and a signal may
+    arrive before its wait: it goes to the lowest number that holds no signal yet, skipping
+    waits that already ended (a wait that timed out consumed nothing, and a signal left in
+    its slot would never be read while the run waits at the next one).
+    """
+    run = store.get_run(run_id)
+    if run.status in ("completed", "cancelled"):  # nothing will ever read it
+        raise errors.UsageError(f"run {run_id} is already {run.status}; a signal would never be read")
+    ended = set()
+    for call in logged_calls(store.journal(run_id)):
+        if call.name == WAIT_EFFECT and call.outcome is not None:
+            wait_id = load_payload(call.args)
+            if isinstance(wait_id, str):
+                ended.add(wait_id)
+    for n in range(1, 100_000):
+        wait_id = f"{name}@{n}"
+        if wait_id not in ended and store.send_signal(run_id, wait_id, value):
+            return wait_id
+    raise errors.UsageError(f"run {run_id} has no free slot for another signal {name!r}")
+
+
 def reusable_run(store: Store, run_id: str, script: str, args: Sequence[str]) -> RunInfo | None:
     """``tcc run --run-id ID SCRIPT ARGS``: the unfinished run ``ID`` to resume, or None if
     there is no run ``ID`` (start it).
