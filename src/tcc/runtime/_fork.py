@@ -101,7 +101,7 @@ def _setter(sets: dict[str, Any], answering: bool) -> Any:
                 )
             if stored is not None and stored[0] == name and _awaited_kind(state[2], records):
                 how = ("--answer already replaces that answer" if answering else
-                       f"use --answer JSON to replace the answer instead")
+                       "use --answer JSON to replace the answer instead")
                 raise errors.UsageError(
                     f"--set {name}: {code.co_qualname}() stores the answer it is waiting for into "
                     f"{name!r} as soon as it resumes ({code.co_filename}:{stored[1]}), so the "
