@@ -78,6 +78,15 @@ def test_module_globals_survive_a_crash_and_resume(tmp_path):
         assert _killed_then_resumed(cli, f"g{after}", script, after=after) == expected
 
 
+def test_an_uncapturable_module_level_object_is_named_at_start(tmp_path):
+    """The lock left to the import is named in a note and in the started event."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--run-id", "n", str(QUIET / "globals_agent.py"), check=True)
+    assert "tcc: note: module-level LOCK (_thread.lock) of globals_agent.py cannot be captured" in proc.stderr
+    started = next(e for e in cli.show("n")["events"] if e["kind"] == "started")
+    assert started["data"]["rebuilt_by_import"] == ["LOCK (_thread.lock) of globals_agent.py"]
+
+
 def test_module_globals_survive_the_hybrid_strategy(tmp_path):
     """Restored from a snapshot every 4 steps, then the journal tail re-executes the rest."""
     cli = Cli(tmp_path)

@@ -238,6 +238,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             checkpoint_every=every, lease=args.lease, keep=args.keep,
             progress=_render.progress_printer(), wait_seconds=args.wait, verify=args.verify,
             on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
+            on_notice=lambda text: print(f"tcc: note: {text}", file=sys.stderr),
         )
         return _render.outcome(outcome, as_json=args.json)
 

@@ -110,6 +110,17 @@ class ModuleState:
                 keep[name] = value
         return keep
 
+    def left_to_import(self) -> list[str]:
+        """``NAME (type) of file.py`` for each module-level object that cannot be captured
+        and is left to the import: what a run changes inside it does not survive a crash."""
+        out = []
+        for modname, bound in self._from_import.items():
+            for name, value in bound.items():
+                if not _is_code(value):
+                    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+                    out.append(f"{name} ({kind}) of {self._where(modname)}")
+        return out
+
     # ------------------------------------------------------------ capture
 
     def capture(self) -> dict[str, dict[str, Any]]:

@@ -238,6 +238,7 @@ def start(
     verify: str | None = None,
     parent: str | None = None,
     keep: int | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Create a run of ``script`` (``path[:func]``) and drive it to the end.
 
@@ -246,6 +247,8 @@ def start(
     recovering by snapshot plus replay of the journal tail) or ``replay`` (no
     snapshots: recovery re-executes from the start against the journal).
     ``keep``: how many newest snapshots the run retains (default: the store's).
+    ``on_notice(text)`` is told what the user should know before the run starts (module
+    globals that cannot be captured); the same is recorded in the ``started`` event.
     """
     entry = _entry(script)
     func = _scripts.resolve(entry)  # usage errors before anything is stored
@@ -274,10 +277,20 @@ def start(
             raise errors.FencedError(
                 f"run {parent!r} was cancelled while it spawned child run {run.run_id!r}; the "
                 "child was cancelled too and nothing more was written")
+    modules = ModuleState(_scripts.load_script(_scripts.split_entry(entry)[0])) \
+        if strategy != "replay" else None
+    left = modules.left_to_import() if modules is not None else []
+    if left:
+        info["rebuilt_by_import"] = left
     store.add_event(run.run_id, "started", info)
+    if left and on_notice is not None and parent is None:
+        on_notice(f"module-level {', '.join(left)} cannot be captured: a resumed run gets the "
+                  "object a fresh import builds, so what the run changes inside it is lost "
+                  "(keep run data in capturable values; see README, \"Module-level data\")")
     coro = _make_coroutine(func, args, entry, run.run_id)
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
-                          progress=progress, wait_seconds=wait_seconds, verify=check)
+                          progress=progress, wait_seconds=wait_seconds, verify=check,
+                          modules=modules)
     return driver.drive(coro)
 
 
