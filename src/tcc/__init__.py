@@ -13,6 +13,7 @@ from .effects import approval as approval
 from .effects import checkpoint as checkpoint
 from .effects import current as current
 from .effects import effect as effect
+from .effects import env as env
 from .effects import gather as gather
 from .effects import resource as resource
 from .effects import sleep as sleep
@@ -39,6 +40,7 @@ __all__ = [
     "current",
     "dumps",
     "effect",
+    "env",
     "gather",
     "loads",
     "register_reducer",

@@ -19,6 +19,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreCorruptError",
     "StoreFullError",
+    "StoreInsecureError",
     "FencedError",
     "RunNotFoundError",
     "ReplayDivergenceError",
@@ -81,6 +82,10 @@ class StoreCorruptError(StoreError):
 
 class StoreFullError(StoreError):
     """The disk or the store's map is full; nothing committed was lost."""
+
+
+class StoreInsecureError(StoreError, PermissionError):
+    """The store's directory or files could be changed by another user; tcc will not use them."""
 
 
 class FencedError(StoreError):

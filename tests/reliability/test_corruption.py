@@ -15,7 +15,8 @@ outcome is
 
 A mutant counts as its worst command.  Sizes: ``TCC_RELIABILITY_CI_MUTANTS``
 (default 60) per CI campaign, ``TCC_RELIABILITY_MUTANTS`` (default 2000) per slow
-campaign (``-m slow``); ``TCC_RELIABILITY_SEED`` fixes the mutants,
+campaign (``-m slow``); ``TCC_RELIABILITY_ENCRYPTED_MUTANTS`` (default 12) per CI
+campaign on an encrypted copy of the store; ``TCC_RELIABILITY_SEED`` fixes the mutants,
 ``TCC_RELIABILITY_JOBS`` (default 2) runs children in parallel.  Each campaign
 prints ``corruption: mutants=N ok=.. refused=.. other=..`` (visible with -s).
 """
@@ -39,13 +40,16 @@ from typing import Any
 
 import lmdb
 import pytest
-from reliability_helpers import STORE_DBS, WAIT, is_clear_error
+from reliability_helpers import (KEY_VARS, STORE_DBS, WAIT, is_clear_error, is_encrypted_store,
+                                 write_key_file)
 
 from helpers import Cli
 
 CHILD = pathlib.Path(__file__).resolve().parent / "corruption_child.py"
 CI_MUTANTS = int(os.environ.get("TCC_RELIABILITY_CI_MUTANTS", "60"))
 SLOW_MUTANTS = int(os.environ.get("TCC_RELIABILITY_MUTANTS", "2000"))
+# the campaigns on an encrypted copy of the store (a key in TCC_STORE_KEY_FILE)
+ENCRYPTED_MUTANTS = int(os.environ.get("TCC_RELIABILITY_ENCRYPTED_MUTANTS", "12"))
 SEED = int(os.environ.get("TCC_RELIABILITY_SEED", "20261130"))
 JOBS = int(os.environ.get("TCC_RELIABILITY_JOBS", "2"))
 CHILD_TIMEOUT = 60.0
@@ -67,11 +71,13 @@ class Pristine:
     env: dict[str, str]
 
 
-def build_store(tmp: pathlib.Path) -> pathlib.Path:
-    """Four runs: completed, SIGKILLed inside its 4th effect, parked + approved, and a fork of that one."""
-    cli = Cli(tmp)
+def build_store(tmp: pathlib.Path, **env: str) -> pathlib.Path:
+    """Four runs: completed, SIGKILLed inside its 4th effect, parked + approved, and a fork of that one.
+
+    ``env``: more environment for every command (a store key: an encrypted store)."""
+    cli = Cli(tmp, **env)
     cli.run("run", "--run-id", "done", f"{WAIT}:slow_steps", "5", check=True)
-    died = Cli(tmp, DIE_AT="step 3").run("run", "--run-id", "crashed", f"{WAIT}:slow_steps", "6")
+    died = Cli(tmp, DIE_AT="step 3", **env).run("run", "--run-id", "crashed", f"{WAIT}:slow_steps", "6")
     assert died.returncode == -signal.SIGKILL
     cli.run("run", "--run-id", "parked", f"{WAIT}:gated", check=True)
     cli.run("approve", "parked", check=True)
@@ -80,9 +86,12 @@ def build_store(tmp: pathlib.Path) -> pathlib.Path:
     return cli.store
 
 
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TCC_", "DIE_AT", "LEDGER"))}
+def child_env(**extra: str) -> dict[str, str]:
+    """The children's environment: no TCC_* settings but a store key (if any), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TCC_", "DIE_AT", "LEDGER")) or k in KEY_VARS}
     env["PYTHONFAULTHANDLER"] = "1"
+    env.update(extra)
     return env
 
 
@@ -118,11 +127,25 @@ def run_child(store_src: pathlib.Path, data: bytes, work: pathlib.Path, env: dic
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
-    tmp = tmp_path_factory.mktemp("corruption")
-    store = build_store(tmp / "build")
+    return make_pristine(tmp_path_factory.mktemp("corruption"))
+
+
+@pytest.fixture(scope="module")
+def pristine_encrypted(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
+    """The same four runs in an encrypted store (its key in TCC_STORE_KEY_FILE, for the
+    children too)."""
+    tmp = tmp_path_factory.mktemp("corruption-encrypted")
+    key = {"TCC_STORE_KEY_FILE": str(write_key_file(tmp)), "TCC_STORE_KEY": ""}
+    found = make_pristine(tmp, key)
+    assert is_encrypted_store(found.store)
+    return found
+
+
+def make_pristine(tmp: pathlib.Path, key: dict[str, str] | None = None) -> Pristine:
+    store = build_store(tmp / "build", **(key or {}))
     data = (store / "data.mdb").read_bytes()
     assert len(data) % PAGE == 0 and data[16:20] == struct.pack("<I", 0xBEEFC0DE)  # LMDB meta, 4 KiB pages
-    env = child_env()
+    env = child_env(**(key or {}))
     base = run_child(store, data, tmp / "baseline", env)
     assert base.code == 0 and len(base.results) == len(COMMANDS), base.tail
     by = {tuple(r["argv"]): r for r in base.results}
@@ -423,6 +446,45 @@ def test_record_value_flips_are_detected_large(pristine: Pristine, tmp_path: pat
     """The slow tier: TCC_RELIABILITY_MUTANTS (default 2000) record-value flips, same guarantee."""
     tally = campaign(pristine, value_mutants(pristine, SLOW_MUTANTS, SEED + 2, tmp_path), tmp_path,
                      "record-values", SEED + 2)
+    check_value_campaign(tally)
+
+
+# ------------------------------------------------------------------ the same, encrypted
+
+
+@pytest.mark.timeout(900)
+def test_encrypted_data_file_mutants(pristine_encrypted: Pristine, tmp_path: pathlib.Path) -> None:
+    """An encrypted store's damaged data.mdb (flips, truncations, splices, page swaps, stale
+    pages) gives a correct completion or a clear error, never a crash."""
+    tally = campaign(pristine_encrypted, file_mutants(pristine_encrypted, ENCRYPTED_MUTANTS, SEED + 7,
+                                                      FILE_KINDS + ("stale",)),
+                     tmp_path, "encrypted data.mdb", SEED + 7)
+    check_file_campaign(tally)
+
+
+@pytest.mark.timeout(900)
+def test_encrypted_record_value_flips_are_detected(pristine_encrypted: Pristine,
+                                                   tmp_path: pathlib.Path) -> None:
+    """Bits flipped inside an encrypted store's records and chunks are refused or fallen
+    back from, never believed (and never decrypted into something else)."""
+    tally = campaign(pristine_encrypted, value_mutants(pristine_encrypted, ENCRYPTED_MUTANTS, SEED + 8,
+                                                       tmp_path),
+                     tmp_path, "encrypted record-values", SEED + 8)
+    check_value_campaign(tally)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_encrypted_mutants_large(pristine_encrypted: Pristine, tmp_path: pathlib.Path) -> None:
+    """The slow tier: TCC_RELIABILITY_MUTANTS (default 2000) data.mdb mutants and as many
+    record-value flips of an encrypted store, same guarantees."""
+    tally = campaign(pristine_encrypted, file_mutants(pristine_encrypted, SLOW_MUTANTS, SEED + 9,
+                                                      FILE_KINDS + ("stale",)),
+                     tmp_path, "encrypted data.mdb", SEED + 9)
+    check_file_campaign(tally)
+    tally = campaign(pristine_encrypted, value_mutants(pristine_encrypted, SLOW_MUTANTS, SEED + 10,
+                                                       tmp_path),
+                     tmp_path, "encrypted record-values", SEED + 10)
     check_value_campaign(tally)
 
 

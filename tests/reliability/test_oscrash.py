@@ -23,7 +23,8 @@ checks, with strace, that the store's directory entries are durable under POSIX
 rules (the directory fsynced) before the first commit is acknowledged.
 
 Sizes: ``TCC_OSCRASH_COPIES`` [8] copies per mode in CI, ``TCC_SLOW_OSCRASH_COPIES``
-[60] in the slow tier.
+[60] in the slow tier; encrypted stores (sync and group): ``TCC_OSCRASH_ENCRYPTED_COPIES``
+[4] per mode in CI, ``TCC_SLOW_OSCRASH_COPIES`` in the slow tier.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import time
 from pathlib import Path
 
 import pytest
+from reliability_helpers import store_key_in_environment
 
 FIG: collections.Counter[str] = collections.Counter()
 
@@ -180,6 +182,7 @@ def verify_copy(copy: Path, durability: str, acked: dict[str, int], done: set[st
     lost = unacked = 0
     with open_store(copy, create=False, durability="none" if durability == "none" else "sync",
                     keep=1000) as store:
+        assert store.encrypted == bool(os.environ.get("TCC_STORE_KEY_FILE"))
         runs = {r.run_id: r for r in store.list_runs()}
         for run_id, run in runs.items():
             journal = store.journal(run_id)  # every record's MAC is checked
@@ -281,6 +284,27 @@ def test_copies_taken_while_the_writer_is_frozen(tmp_path, durability, threads):
     """Store copies taken at random SIGSTOPs open and verify; sync/group copies hold every ack."""
     crash_copies(tmp_path, durability, int(os.environ.get("TCC_OSCRASH_COPIES", "8")),
                  {"sync": 1, "group": 2, "none": 3}[durability], threads)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("durability,threads", [("sync", 1), ("group", 4)])
+def test_copies_of_an_encrypted_store_taken_while_the_writer_is_frozen(tmp_path, durability, threads):
+    """The same on encrypted stores (the committer and the checks get a key in
+    TCC_STORE_KEY_FILE): every copy opens, decrypts and verifies, and holds every ack."""
+    with store_key_in_environment(tmp_path):
+        crash_copies(tmp_path, durability, int(os.environ.get("TCC_OSCRASH_ENCRYPTED_COPIES", "4")),
+                     {"sync": 21, "group": 22}[durability], threads)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("durability,threads", [("sync", 1), ("group", 4)])
+def test_many_copies_of_an_encrypted_store_taken_while_the_writer_is_frozen(tmp_path, durability,
+                                                                          threads):
+    """Slow tier: TCC_SLOW_OSCRASH_COPIES copies of encrypted stores per mode, same guarantees."""
+    with store_key_in_environment(tmp_path):
+        crash_copies(tmp_path, durability, int(os.environ.get("TCC_SLOW_OSCRASH_COPIES", "60")),
+                     {"sync": 31, "group": 32}[durability], threads)
 
 
 @pytest.mark.slow

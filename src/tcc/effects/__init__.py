@@ -18,7 +18,9 @@ from ._effect import checkpoint as checkpoint
 from ._effect import effect as effect
 from ._effect import gather as gather
 from ._effect import lookup as lookup
+from ._resource import Env as Env
 from ._resource import Resource as Resource
+from ._resource import env as env
 from ._resource import resource as resource
 from ._resource import reusing_live_resources as reusing_live_resources
 
@@ -27,6 +29,7 @@ __all__ = [
     "Current",
     "Effect",
     "EffectRequest",
+    "Env",
     "GatherRequest",
     "Resource",
     "SleepRequest",
@@ -36,6 +39,7 @@ __all__ = [
     "checkpoint",
     "current",
     "effect",
+    "env",
     "gather",
     "lookup",
     "resource",

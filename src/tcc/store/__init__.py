@@ -61,6 +61,7 @@ def open_store(
     keep: int = 3,
     map_size: int | None = None,
     max_map_size: int | None = None,
+    key: bytes | str | None = None,
 ) -> LmdbStore:
     """Open (by default creating) the store at ``path`` for one tenant.
 
@@ -70,8 +71,34 @@ def open_store(
     how many newest snapshots per run retention keeps.  ``map_size`` (default
     1 GiB or ``$TCC_STORE_MAP_SIZE``) is the initial sparse map; it doubles
     on demand up to ``max_map_size`` (default 1 TiB or
-    ``$TCC_STORE_MAX_MAP_SIZE``).
+    ``$TCC_STORE_MAX_MAP_SIZE``).  ``key`` (32 bytes or 64 hex digits; default
+    ``$TCC_STORE_KEY_FILE`` or ``$TCC_STORE_KEY``) encrypts a new store and opens
+    an encrypted one (docs/store.md, "Encryption at rest").
+
+    Only a store no other user can change is opened: snapshots are pickles,
+    and whoever can write a store's files can run code as whoever resumes
+    from it.  The store directory, each file tcc keeps in it (``data.mdb``,
+    ``lock.mdb``, ``secret``, ``verified``, ``tcc.lock``, ``initialised``)
+    and each directory tcc creates on the way to it must be owned by the
+    current user (or root) and writable by neither group nor others; those
+    files must be regular files (never symbolic links, FIFOs or devices) with
+    a single hard link, and anything else in the directory must be owned by
+    the user (or root) too.  Otherwise the open raises
+    :class:`~tcc.errors.StoreInsecureError` (a ``PermissionError``) naming
+    the offending path and the fix (``chmod 700 DIR && chmod 600 DIR/*``, or
+    ``chown``).  Directories tcc creates are 0700 whatever the umask.  A
+    store others can only *read* still opens, with a
+    ``StoreSecurityWarning``.
+
+    Shared-group deployments opt in with ``$TCC_STORE_SHARED_GROUP=GROUP``
+    (a group name or number): then an entry may also be writable by its
+    group if that group is GROUP and this process is a member of it, and may
+    be owned by a member of GROUP (by primary group or the group's member
+    list).  Every member of GROUP can then run code as every other user of
+    the store, so name only a group whose members trust each other.  Writable
+    by others is never allowed, and tcc itself still creates everything
+    private (0700/0600): granting the group access is the deployment's job.
     """
     where = os.fspath(path) if path is not None else default_path()
     return LmdbStore(where, tenant=tenant, durability=durability, create=create, keep=keep,
-                     map_size=map_size, max_map_size=max_map_size)
+                     map_size=map_size, max_map_size=max_map_size, key=key)

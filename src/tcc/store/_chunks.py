@@ -7,6 +7,9 @@ only the last chunk (and any chunk whose bytes really changed) is new; every
 other chunk hashes to an address already in the store and is not written
 again.  Each new chunk is compressed on its own with zstd, so compression no
 longer defeats deduplication (compressing the whole payload first would).
+In an encrypted store each stored chunk is then encrypted on its own
+(``Sealer.lock_chunk``): deduplication is decided on addresses, never on the
+stored bytes, so it works the same.
 
 A snapshot's *manifest* lists its chunks as ``(address, raw length)`` entries.
 A long manifest would itself be O(state) per step, so past ``DIRECT_MAX``
@@ -18,8 +21,9 @@ changed head chunk, one or two new group nodes and a short manifest.
 
 Payloads of at most ``INLINE_MAX`` bytes are not chunked: their compressed
 form goes into the snapshot record itself (blob ``p``), which the record's MAC
-covers.  Cutting, hashing and reference-counting a payload that fits in one
-or two chunks costs more than rewriting it, and it dirties the chunk tree.
+(and, in an encrypted store, its encryption) covers.  Cutting, hashing and
+reference-counting a payload that fits in one or two chunks costs more than
+rewriting it, and it dirties the chunk tree.
 """
 
 from __future__ import annotations
@@ -308,8 +312,9 @@ def encode_node(content: bytes) -> bytes:
 
 
 def decode_chunk(sealer: Sealer, address: bytes, stored: bytes | memoryview, raw_len: int) -> bytes:
-    """Decode a stored chunk and verify it against its address; raise Corrupt if it fails."""
-    data = decode_inline(stored, raw_len)
+    """Decode a stored chunk (decrypting it first in an encrypted store) and verify it
+    against its address; raise Corrupt if it fails."""
+    data = decode_inline(sealer.unlock_chunk(address, stored), raw_len)
     if sealer.chunk_id(data) != address:
         raise Corrupt("chunk content does not match its address")
     return data

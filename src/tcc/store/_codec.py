@@ -25,6 +25,14 @@ The chunk hash is keyed BLAKE3 in stores of format 4 (~0.2 ms per MiB here,
 against ~1.3 ms for BLAKE2b: it is on the path of every checkpoint of new
 bytes and of every recovery) and keyed BLAKE2b-256 in stores of format 3,
 whose chunk addresses stay as they were written.
+
+In an encrypted store (format 5, ``_crypt``), the body after the MAC is
+``0x02 | AEAD(plain body)``, bound to the database and key, and a stored chunk
+is ``0x02 | AEAD(codec byte + bytes)``, bound to its address; the MAC is
+computed over the encrypted body, so the structure check can verify records
+before the data key is known.  Chunk addresses are keyed with a key derived
+from the data key.  A sealer with a Crypt refuses plain records and chunks;
+one without refuses encrypted ones.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from ..errors import UsageError
 
 __all__ = [
     "CHUNK_HASHES",
+    "ENCRYPTED",
     "SECRET_NAME",
     "Corrupt",
     "Sealer",
@@ -53,6 +62,8 @@ __all__ = [
 
 SECRET_NAME = "secret"
 _VERSION = 1
+ENCRYPTED = 2  # the version byte of an encrypted record body, the codec byte of an encrypted chunk
+_ENCRYPTED_HEAD = bytes([ENCRYPTED])
 CHUNK_HASHES = ("blake3", "blake2b")  # the first is what new stores use
 _MAC_LEN = 16
 RECORD_MIN = _MAC_LEN + 5  # the shortest sealed record: MAC, version byte, header length
@@ -66,12 +77,23 @@ class Corrupt(Exception):
     """Internal: a record or chunk failed verification (mapped to StoreCorruptError)."""
 
 
-def check_name(kind: str, value: str) -> bytes:
-    """Validate a tenant/run/signal name and return it encoded."""
+def check_name(kind: str, value: str, *, new: bool = False) -> bytes:
+    """Validate a tenant/run/signal name and return it encoded.
+
+    ``new``: the name is being given to something created now (a run id at
+    ``create_run``/``fork_run``, ``tcc run --run-id``): it may not start with
+    "-" either, which a command line would read as an option (the worker passed
+    a run id "-h" to ``tcc resume``, which printed its help and exited 0).
+    Names that already exist are still accepted, so that older stores work.
+    """
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise UsageError(  # a ValueError too
             f"invalid {kind} {value!r}: use 1-128 characters from A-Z a-z 0-9 . _ : @ + = -"
         )
+    if new and value.startswith("-"):
+        raise UsageError(
+            f"invalid {kind} {value!r}: it may not start with '-' (a command line would read "
+            "it as an option)")
     return value.encode("ascii")
 
 
@@ -150,30 +172,41 @@ def load_or_create_secret(directory: str, create: bool) -> bytes:
 
 
 class Sealer:
-    """MACs records and chunk contents with the per-store secret."""
+    """MACs records and chunk contents with the per-store secret (and, in an
+    encrypted store, encrypts them with its data key: ``crypt``, a ``_crypt.Crypt``)."""
 
-    __slots__ = ("_secret", "_chunk", "_record", "chunk_hash")
+    __slots__ = ("_secret", "_chunk", "_record", "chunk_hash", "crypt")
 
-    def __init__(self, secret: bytes, chunk_hash: str = CHUNK_HASHES[0]) -> None:
+    def __init__(self, secret: bytes, chunk_hash: str = CHUNK_HASHES[0], crypt: Any = None) -> None:
         self._secret = secret
         self.chunk_hash = chunk_hash
+        self.crypt = crypt
         # keyed states to copy: setting a key up costs more than hashing a small record
         self._chunk: Any
         if chunk_hash == "blake3":
             import blake3  # imported here: keeps ``import tcc.store`` light
 
-            # its own key, derived from the secret for this one purpose
-            key = blake3.blake3(secret, derive_key_context="tcc store 2026 chunk address").digest()
+            if crypt is not None:  # addresses keyed by the data key, not by the secret file
+                key = crypt.address_key
+            else:  # its own key, derived from the secret for this one purpose
+                key = blake3.blake3(secret, derive_key_context="tcc store 2026 chunk address").digest()
             self._chunk = blake3.blake3(key=key)
-        elif chunk_hash == "blake2b":
+        elif chunk_hash == "blake2b" and crypt is None:
             self._chunk = hashlib.blake2b(key=secret, digest_size=32, person=b"tcc-chunk")
         else:
-            raise ValueError(f"unknown chunk hash {chunk_hash!r}; known: {CHUNK_HASHES}")
+            raise ValueError(f"unknown chunk hash {chunk_hash!r}; known: {CHUNK_HASHES}"
+                             + (" (blake3 only with encryption)" if crypt is not None else ""))
         self._record = hashlib.blake2b(key=secret, digest_size=_MAC_LEN, person=b"tcc-record")
 
     def with_chunk_hash(self, chunk_hash: str) -> Sealer:
-        """This sealer (same secret) with chunk addresses hashed by ``chunk_hash``."""
-        return self if chunk_hash == self.chunk_hash else Sealer(self._secret, chunk_hash)
+        """This sealer (same secret and encryption) with chunk addresses hashed by ``chunk_hash``."""
+        if chunk_hash == self.chunk_hash:
+            return self
+        return Sealer(self._secret, chunk_hash, self.crypt)
+
+    def with_crypt(self, crypt: Any) -> Sealer:
+        """This sealer (same secret and chunk hash) encrypting with ``crypt``."""
+        return Sealer(self._secret, self.chunk_hash, crypt)
 
     def chunk_id(self, data: bytes | memoryview) -> bytes:
         """Content address (and MAC) of a chunk: keyed BLAKE3 or BLAKE2b, 256 bits."""
@@ -191,6 +224,28 @@ class Sealer:
             h.update(piece)
             out.append(h.digest())
         return out
+
+    def lock_chunk(self, address: bytes, stored: bytes) -> bytes:
+        """What goes into the chunks database for a chunk's stored form
+        (``_chunks.encode_chunk`` output): encrypted, bound to ``address``, in an
+        encrypted store; as it is otherwise."""
+        if self.crypt is None:
+            return stored
+        sealed: bytes = self.crypt.encrypt(_chunk_ad(address), stored, _ENCRYPTED_HEAD)
+        return sealed
+
+    def unlock_chunk(self, address: bytes, value: bytes | memoryview) -> bytes | memoryview:
+        """Inverse of :meth:`lock_chunk`; raise :class:`Corrupt` if it does not decrypt.
+
+        The caller still verifies the decoded bytes against ``address``.
+        """
+        if self.crypt is None:
+            return value
+        view = memoryview(value)
+        if len(view) < 1 or view[0] != ENCRYPTED:
+            raise Corrupt("chunk is not encrypted, in an encrypted store")
+        plain: bytes = self.crypt.decrypt(_chunk_ad(address), view[1:])
+        return plain
 
     def check_tag(self, label: bytes) -> bytes:
         """A MAC proving this secret belongs to this store (kept in ``meta``)."""
@@ -211,7 +266,11 @@ class Sealer:
         return hmac.compare_digest(mac, self._mac(db, key, body))
 
     def verifies(self, db: bytes, key: bytes, value: bytes) -> bool:
-        """Whether ``value`` is a sealed record of (db, key): its MAC checks out."""
+        """Whether ``value`` is a sealed record of (db, key): its MAC checks out.
+
+        Only the MAC: it needs no data key, so the structure check at open can
+        ask it of an encrypted store's records too.
+        """
         if len(value) < RECORD_MIN:
             return False
         return hmac.compare_digest(value[:_MAC_LEN], self._mac(db, key, value[_MAC_LEN:]))
@@ -229,6 +288,8 @@ class Sealer:
             header = {**header, "_b": lens}
         hjson = _JSON.encode(header).encode()
         body = bytes([_VERSION]) + _U32.pack(len(hjson)) + hjson + b"".join(parts)
+        if self.crypt is not None:
+            body = self.crypt.encrypt(_record_ad(db, key), body, _ENCRYPTED_HEAD)
         return self._mac(db, key, body) + body
 
     def open(
@@ -241,6 +302,14 @@ class Sealer:
         mac, body = value[:_MAC_LEN], value[_MAC_LEN:]
         if not hmac.compare_digest(mac, self._mac(db, key, body)):
             raise Corrupt("record MAC mismatch")
+        if self.crypt is not None:
+            if body[0] != ENCRYPTED:
+                raise Corrupt("record is not encrypted, in an encrypted store")
+            body = self.crypt.decrypt(_record_ad(db, key), memoryview(body)[1:])
+            if len(body) < 5:
+                raise Corrupt("record too short")
+        elif body[0] == ENCRYPTED:
+            raise Corrupt("record is encrypted, in a store that is not")
         if body[0] != _VERSION:
             raise Corrupt(f"unknown record version {body[0]}")
         (hlen,) = _U32.unpack_from(body, 1)
@@ -268,3 +337,14 @@ class Sealer:
         if pos != len(body):
             raise Corrupt("record has bytes beyond its blobs")
         return header, blobs
+
+
+def _record_ad(db: bytes, key: bytes) -> bytes:
+    """What an encrypted record body is bound to: its database and key (as the MAC is)."""
+    return _U32.pack(len(db)) + db + _U32.pack(len(key)) + key
+
+
+def _chunk_ad(address: bytes) -> bytes:
+    """What an encrypted chunk is bound to: its address (never a record's: no database
+    of records is called ``chunks``)."""
+    return _record_ad(b"chunks", address)

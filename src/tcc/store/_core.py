@@ -19,6 +19,7 @@ from ..errors import FencedError, RunNotFoundError, StoreCorruptError, StoreErro
 from ._api import RunInfo, SnapshotInfo
 from ._chunks import decode_chunk, decode_inline, parse_entries
 from ._codec import Corrupt, check_int, check_name, prefix, seq_key
+from ._crypt import resolve_key
 from ._env import acquire
 from ._refs import (
     FLUSH_RELEASES,
@@ -70,6 +71,7 @@ class StoreCore:
         keep: int = 3,
         map_size: int | None = None,
         max_map_size: int | None = None,
+        key: bytes | str | None = None,
     ) -> None:
         self._t = check_name("tenant", tenant)
         check_int("keep", keep, 1)
@@ -77,8 +79,9 @@ class StoreCore:
             if size is not None:
                 check_int(what, size, 64 << 10)
         self._keep = keep
+        # the store key: ``key``, else $TCC_STORE_KEY_FILE or $TCC_STORE_KEY (None: no encryption)
         self._h = acquire(path, create=create, durability=durability, map_size=map_size,
-                          max_map_size=max_map_size)
+                          max_map_size=max_map_size, store_key=resolve_key(key))
         self._sealer = self._h.sealer
         self._held = HeldCache(self._sealer)
         # run key -> (record bytes, header, blobs) of the last run record verified
@@ -105,6 +108,11 @@ class StoreCore:
     def durability(self) -> str:
         """``sync``, ``group`` or ``none``."""
         return self._h.durability
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the store encrypts its records and chunks (see ``_crypt``)."""
+        return self._sealer.crypt is not None
 
     @property
     def map_size(self) -> int:

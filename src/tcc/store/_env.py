@@ -13,14 +13,23 @@
   write transaction (each in a nested child transaction, so one failing
   closure rolls back alone): N commits share one fsync, with exactly the
   guarantees of ``sync``.
+* A store is opened only if no other user can change it (:class:`_Trust`):
+  snapshots are pickles, so whoever can write a store's files can run code as
+  whoever resumes from it.  The directory is checked through a descriptor
+  (``O_NOFOLLOW``), and the secret is read through that same descriptor, so a
+  directory swapped in after the check cannot supply it; directories tcc
+  creates are 0700 whatever the umask.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import grp
 import mmap
 import os
+import pwd
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,9 +37,10 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from ..errors import (StoreCorruptError, StoreError, StoreFullError, StoreNotFoundError, TccError,
-                      UsageError)
-from ._codec import RECORD_MIN, SECRET_NAME, Corrupt, Sealer, load_or_create_secret
+from ..errors import (StoreCorruptError, StoreError, StoreFullError, StoreInsecureError,
+                      StoreNotFoundError, TccError, UsageError)
+from ._codec import RECORD_MIN, SECRET_NAME, Corrupt, Sealer
+from ._crypt import StoreKey, new_header, open_header, refuse_plain
 from ._lmdbcheck import LmdbDamageError, check_data_file
 from ._refs import head_key, is_head_key, seal_head
 from ._verified import VERIFIED_NAME, Verdict
@@ -46,17 +56,23 @@ DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins"
 # (_codec.Sealer).  Version 1 and 2 stores are upgraded to version 3 on open;
 # a version 3 store stays one (its chunk addresses are BLAKE2b).
 FORMAT: dict[str, Any] = {"magic": "tcc-store", "version": 4}
+# A store created with a key is format 4 with records and chunks encrypted (_crypt);
+# its header says so in the version, so that a tcc without encryption refuses it
+# ("format version 4-encrypted ... upgrade tcc") instead of writing plain records into it.
+ENCRYPTED_FORMAT = "4-encrypted"
 _UPGRADABLE = (1, 2)
 _CHUNK_HASH = {3: "blake2b", 4: "blake3"}  # format version -> chunk address hash
 
 
-def _check_label(store_id: str, version: int) -> bytes:
+def _check_label(store_id: str, version: int, encrypted: bool = False) -> bytes:
     """What the header's ``check`` MAC covers: the store id and, from format 4 on, the
     version (which selects the chunk hash), so a version changed by damage is refused at
-    open instead of failing every chunk (and letting gc count none of them)."""
+    open instead of failing every chunk (and letting gc count none of them); and whether
+    the store is encrypted."""
     if version <= 3:
         return store_id.encode()
-    return f"{store_id} format {version} chunk hash {_CHUNK_HASH[version]}".encode()
+    label = f"{store_id} format {version} chunk hash {_CHUNK_HASH[version]}"
+    return (label + " encrypted").encode() if encrypted else label.encode()
 LOCK_NAME = "tcc.lock"
 # Created once the store's format header is committed: from then on a missing
 # or empty data.mdb means lost records, not a store still being created.
@@ -94,7 +110,8 @@ def parse_size(text: str | int) -> int:
 
 
 def acquire(
-    path: str, *, create: bool, durability: str, map_size: int | None, max_map_size: int | None
+    path: str, *, create: bool, durability: str, map_size: int | None, max_map_size: int | None,
+    store_key: StoreKey | None = None,
 ) -> EnvHandle:
     """The process-wide handle for ``path``, opened on first use."""
     if durability not in ("sync", "group", "none"):  # before "already open with ..."
@@ -117,32 +134,227 @@ def acquire(
                     f"store {real} is already open in this process with durability "
                     f"{h.durability!r}; open it with the same durability"
                 )
+            if (store_key is None) != (h.store_key is None) or (
+                    store_key is not None and not store_key.same(h.store_key)):
+                raise StoreError(
+                    f"store {real} is already open in this process "
+                    f"{'without a key' if h.store_key is None else 'with another key'}; "
+                    "open it with the same key (TCC_STORE_KEY_FILE, TCC_STORE_KEY or key=)")
             h.users += 1
             return h
         h = EnvHandle(real, create=create, durability=durability, map_size=map_size,
-                      max_map_size=max_map_size)
+                      max_map_size=max_map_size, store_key=store_key)
         _registry[key] = h
         return h
 
 
-def _stale_secret_tmp(path: str, name: str) -> bool:
-    """A ``secret.<pid>.tmp`` left by a creator (killed, or still writing): ours, not foreign.
+SHARED_GROUP_ENV = "TCC_STORE_SHARED_GROUP"
+_WHY_TRUST = ("snapshots are pickles, which run code when they are loaded, so tcc opens only a "
+              "store that no other user can change")
 
-    One whose process is gone is removed.
-    """
+
+def _secret_tmp_pid(name: str) -> int | None:
+    """The creator's pid if ``name`` is a secret temp file (``secret.<pid>.<random>.tmp``,
+    or ``secret.<pid>.tmp`` as older versions named it), else None."""
     parts = name.split(".")
-    if len(parts) != 3 or parts[0] != SECRET_NAME or parts[2] != "tmp" or not parts[1].isdigit():
-        return False
+    if (len(parts) not in (3, 4) or parts[0] != SECRET_NAME or parts[-1] != "tmp"
+            or not parts[1].isdigit()):
+        return None
+    return int(parts[1])
+
+
+def _alive(pid: int) -> bool:
     try:
-        os.kill(int(parts[1]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        try:
-            os.unlink(os.path.join(path, name))
-        except FileNotFoundError:
-            pass
+        return False
     except PermissionError:
-        pass
+        return True
     return True
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISLNK, "symbolic link"), (stat.S_ISDIR, "directory"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return what
+    return "special file"
+
+
+class _Trust:
+    """Whom a store may belong to: the rule :func:`tcc.store.open_store` documents.
+
+    Every store directory, every file tcc keeps in it (``data.mdb``,
+    ``lock.mdb``, ``secret``, ``verified``, ``tcc.lock``, ``initialised``)
+    and every directory tcc creates on the way to it must be owned by the
+    current (effective) user or root, writable by no other user, and -- the
+    files -- regular files with a single link.  Any other entry in the
+    directory must be owned by the user or root too.
+
+    ``TCC_STORE_SHARED_GROUP=GROUP`` (a group name or number) opts in to one
+    exception, for deployments where the members of one group share a store:
+    an entry may then be writable by its group if that group is GROUP and
+    the current process is a member of it, and may be owned by a member of
+    GROUP (whose primary group it is, or who is listed in it).  Everybody in
+    GROUP can then run code as everybody else who uses the store.  Writable
+    by others than owner and group is never allowed.
+    """
+
+    __slots__ = ("uid", "gid", "name", "member", "members")
+
+    def __init__(self) -> None:
+        self.uid = os.geteuid()
+        self.gid: int | None = None
+        self.name = ""
+        self.member = False
+        self.members: set[str] = set()
+        value = os.environ.get(SHARED_GROUP_ENV, "").strip()
+        if not value:
+            return
+        try:
+            entry = grp.getgrgid(int(value)) if value.isdigit() else grp.getgrnam(value)
+        except (KeyError, OverflowError):
+            raise StoreInsecureError(
+                f"{SHARED_GROUP_ENV}={value!r} names no group of this system; set it to the "
+                "name (or number) of the group that shares the store, or unset it") from None
+        self.gid, self.name, self.members = entry.gr_gid, entry.gr_name, set(entry.gr_mem)
+        self.member = self.gid == os.getegid() or self.gid in os.getgroups()
+
+    def owner_ok(self, uid: int) -> bool:
+        if uid in (self.uid, 0):
+            return True
+        if self.gid is None or not self.member:
+            return False
+        try:
+            who = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return who.pw_gid == self.gid or who.pw_name in self.members
+
+    def group_ok(self, gid: int) -> bool:
+        """Whether an entry of group ``gid`` may be writable by that group."""
+        return self.gid is not None and self.member and gid == self.gid
+
+    def problem(self, st: os.stat_result, full: str, *, kind: str,
+                spare_links: int = 0) -> tuple[str, str] | None:
+        """Why ``full`` (``st`` from lstat/fstat) must not be trusted, with its fix; None if
+        it may be.  ``kind``: "dir" (a store directory or one tcc created on the way),
+        "file" (one of tcc's files) or "entry" (anything else in the store directory).
+        ``spare_links``: how many of a file's links are known to be harmless."""
+        mode = stat.S_IMODE(st.st_mode)
+        if kind == "dir" and not stat.S_ISDIR(st.st_mode):
+            return f"{full} is a {_kind(st.st_mode)}, not a directory", "choose another path"
+        if kind == "file" and not stat.S_ISREG(st.st_mode):
+            what = ("is a symbolic link, which tcc never follows inside a store"
+                    if stat.S_ISLNK(st.st_mode)
+                    else f"is not a regular file (it is a {_kind(st.st_mode)})")
+            return f"{full} {what}", "put the store's real file there (restore it from a backup)"
+        # a store shared with a group of this user's on purpose? the opt-in is the way
+        shared = (f"+{_group(st.st_gid)}" if self.gid is None and mode & 0o020
+                  and (st.st_gid == os.getegid() or st.st_gid in os.getgroups()) else "")
+        if not self.owner_ok(st.st_uid):
+            why = (f"{full} is owned by {_user(st.st_uid)} (uid {st.st_uid}), not by you "
+                   f"({_user(self.uid)})")
+            if self.gid is not None:
+                why += (f", and you are not a member of {SHARED_GROUP_ENV}={self.name}"
+                        if not self.member else f" nor by a member of group {self.name}")
+            return why, "owner" + shared
+        if kind == "entry":
+            return None
+        if mode & 0o002:
+            return f"{full} is writable by other users (mode {mode:03o})", "mode"
+        if mode & 0o020 and not self.group_ok(st.st_gid):
+            why = f"{full} is writable by group {_group(st.st_gid)} (mode {mode:03o})"
+            if self.gid is None:
+                return why, "mode" + (shared or "+GROUP")
+            if not self.member:
+                return (f"{why}, and you are not a member of {SHARED_GROUP_ENV}={self.name}"), "mode"
+            return f"{why}, not by the shared group {self.name} ({SHARED_GROUP_ENV})", "mode"
+        if kind == "file" and st.st_nlink - spare_links != 1:
+            return (f"{full} has {st.st_nlink} hard links, so it can be changed through another "
+                    "name", f"give it a copy of its own: cp -p {full} {full}.copy && "
+                    f"mv {full}.copy {full}")
+        return None
+
+    def refuse(self, store: str, problem: tuple[str, str]) -> StoreInsecureError:
+        """The error for ``problem``: one line, saying why and what fixes it."""
+        why, fix = problem
+        me = _user(self.uid)
+        modes = f"chmod 700 {store} && chmod 600 {store}/*"
+        kind, _, group = fix.partition("+")
+        if kind == "owner":
+            fix = (f"if you trust its contents, take it over: chown -R {me} {store} && {modes}; "
+                   "otherwise move it away")
+        elif kind == "mode":
+            fix = f"fix: {modes}"
+        if group:  # "owner+GROUP", "mode+GROUP"
+            fix += (f" (or, if the store is shared with group {group} on purpose and you trust "
+                    f"its members, set {SHARED_GROUP_ENV}={group})")
+        return StoreInsecureError(f"store {store} is not safe to use: {why}; {_WHY_TRUST}. "
+                                  f"{fix[0].upper()}{fix[1:]}")
+
+
+def _open_dir(path: str, trust: _Trust, store: str) -> int:
+    """``path`` opened as a directory, never through a symbolic link as its last part."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise StoreError(f"cannot open the store directory {path}: {exc.strerror}") from None
+    try:  # replaced since it was looked at (by someone who can write its parent)
+        problem = trust.problem(os.lstat(path), path, kind="dir")
+    except OSError:
+        problem = None
+    raise trust.refuse(store, problem or (f"{path} is not a directory", "choose another path"))
+
+
+def _make_private_dirs(path: str, trust: _Trust) -> None:
+    """Create ``path`` and its missing parents, each 0700 whatever the umask, and check them.
+
+    ``os.makedirs`` gives parents the umask's mode: under umask 000 another
+    user could then rename the store away and put their own in its place.
+    """
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+            made = True
+        except FileExistsError:  # made meanwhile (say, by another tcc): checked all the same
+            made = False
+        except OSError as exc:
+            raise StoreError(f"cannot create the store directory {d}: {exc.strerror}") from None
+        fd = _open_dir(d, trust, path)
+        try:
+            st = os.fstat(fd)
+            problem = trust.problem(st, d, kind="dir")
+            if problem is not None:
+                raise trust.refuse(path, problem)
+            if made and stat.S_IMODE(st.st_mode) != 0o700:
+                os.fchmod(fd, 0o700)  # the umask may have taken the owner's bits too
+        finally:
+            os.close(fd)
 
 
 def _fsync_dir(path: str) -> None:
@@ -153,20 +365,10 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _warn_if_exposed(path: str) -> None:
+def _warn_if_exposed(exposed: list[str]) -> None:
     """Warn once per open when the store or its files are readable by others."""
-    import stat
     import warnings
 
-    exposed = []
-    for name in ("", SECRET_NAME, "data.mdb"):
-        full = os.path.join(path, name) if name else path
-        try:
-            mode = stat.S_IMODE(os.stat(full).st_mode)
-        except FileNotFoundError:
-            continue
-        if mode & 0o077:
-            exposed.append(f"{full} (mode {mode:o})")
     if exposed:
         warnings.warn(
             f"warning: tcc store files are accessible to other users: {', '.join(exposed)}; "
@@ -270,12 +472,13 @@ class EnvHandle:
 
     def __init__(
         self, path: str, *, create: bool, durability: str, map_size: int | None,
-        max_map_size: int | None,
+        max_map_size: int | None, store_key: StoreKey | None = None,
     ) -> None:
         if durability not in ("sync", "group", "none"):
             raise UsageError(  # a ValueError too
                 f"durability must be 'sync', 'group' or 'none', not {durability!r}")
         self.path = path
+        self.store_key = store_key  # encrypts a new store; an encrypted store needs it
         self.durability = durability
         self.pid = os.getpid()
         self.users = 1
@@ -293,9 +496,24 @@ class EnvHandle:
         self._writes = 0
         self._last_reader_check = time.monotonic()
         self.walked = False  # whether the last open walked data.mdb (tests and benchmarks ask)
-        has_data = self._prepare_dir(create)
+        self._trust = _Trust()
+        self._exposed: list[str] = []
+        has_data = self._prepare_dir(create)  # opens self._dirfd, the directory it checked
         try:
-            self.sealer = Sealer(load_or_create_secret(path, create and not has_data))
+            self._open_checked(create, has_data)
+        finally:
+            os.close(self._dirfd)
+        if not has_data:
+            _fsync_dir(path)  # the secret's and data.mdb's directory entries are durable too
+        _warn_if_exposed(self._exposed)
+
+    # ------------------------------------------------------------------ opening
+    def _open_checked(self, create: bool, has_data: bool) -> None:
+        """Open the secret, the lock file and the environment of the directory
+        :meth:`_prepare_dir` checked (``self._dirfd``), and check it once more."""
+        path = self.path
+        try:
+            self.sealer = Sealer(self._load_secret(create and not has_data))
         except Corrupt as exc:
             raise StoreCorruptError(f"store {path}: {exc}; restore the secret from a backup") from None
         except FileNotFoundError:
@@ -306,7 +524,8 @@ class EnvHandle:
             ) from None
         self.verdict = Verdict(path, self.sealer)
         try:
-            self._lockfd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+            self._lockfd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                   0o600, dir_fd=self._dirfd)
         except OSError as exc:  # a read-only file system or directory
             raise StoreError(
                 f"store {path}: cannot open its lock file {LOCK_NAME!r} for writing "
@@ -316,6 +535,7 @@ class EnvHandle:
         self._downgrade_lock = False  # set while a format upgrade holds the lock exclusively
         try:
             self._open_env()
+            self._check_unchanged()
         except BaseException:  # a refused store: release it, so that a retry here can open it
             env = getattr(self, "env", None)
             if env is not None:
@@ -323,20 +543,48 @@ class EnvHandle:
             self.verdict.close()
             os.close(self._lockfd)
             raise
-        if not has_data:
-            _fsync_dir(path)  # the secret's and data.mdb's directory entries are durable too
-        _warn_if_exposed(path)
 
-    # ------------------------------------------------------------------ opening
     def _prepare_dir(self, create: bool) -> bool:
-        path = self.path
-        if os.path.exists(path) and not os.path.isdir(path):
+        """Find (or create) the store directory, open it as ``self._dirfd`` and check that
+        only this user can change it and what it holds (:class:`_Trust`); whether it
+        holds a data file."""
+        path, trust = self.path, self._trust
+        try:
+            st: os.stat_result | None = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
             raise StoreCorruptError(f"store path {path} is a file, not a store directory; "
                                     "choose another path (TCC_STORE)")
+        if st is None:
+            if not create:
+                raise self._not_found()
+            _make_private_dirs(path, trust)
+        self._dirfd = fd = _open_dir(path, trust, path)
+        try:
+            return self._check_dir(create)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _not_found(self) -> StoreNotFoundError:
+        return StoreNotFoundError(
+            f"no tcc store at {self.path}: nothing was stored there yet (`tcc run` or "
+            "open_store(create=True) creates it); or pass --store or set TCC_STORE to an "
+            "existing store")
+
+    def _check_dir(self, create: bool) -> bool:
+        path, trust, fd = self.path, self._trust, self._dirfd
+        dst = os.fstat(fd)
+        problem = trust.problem(dst, path, kind="dir")
+        if problem is not None:
+            raise trust.refuse(path, problem)
+        # Nobody else can add, remove or rename entries now: what is listed stays.
+        entries = self._check_entries()
         data = os.path.join(path, "data.mdb")
-        has_data = os.path.exists(data)
-        if os.path.exists(os.path.join(path, INIT_MARK)):
-            size = os.path.getsize(data) if has_data else None
+        has_data = "data.mdb" in entries
+        if INIT_MARK in entries:
+            size = entries["data.mdb"].st_size if has_data else None
             if size is None or size < 2 * mmap.PAGESIZE:  # not even LMDB's two meta pages
                 what = "is missing" if size is None else f"is empty ({size} bytes)"
                 raise StoreCorruptError(
@@ -344,22 +592,161 @@ class EnvHandle:
                     "and snapshots are gone. Restore data.mdb from a backup, or delete the store "
                     "directory to start over")
         if not has_data and not create:
-            raise StoreNotFoundError(
-                f"no tcc store at {path}: nothing was stored there yet (`tcc run` or "
-                "open_store(create=True) creates it); or pass --store or set TCC_STORE to an "
-                "existing store")
-        if not os.path.isdir(path):
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            os.chmod(path, 0o700)
-        elif not has_data:
-            foreign = {name for name in set(os.listdir(path)) - _OWN_FILES
-                       if not _stale_secret_tmp(path, name)}
+            raise self._not_found()
+        if not has_data:
+            foreign = {name for name in entries if name not in _OWN_FILES
+                       and _secret_tmp_pid(name) is None}
             if foreign:
                 raise StoreCorruptError(
                     f"{path} is not empty and is not a tcc store (it holds {sorted(foreign)[:3]}); "
                     "choose an empty or new directory")
-            os.chmod(path, 0o700)  # a new store in an existing empty directory
+            if stat.S_IMODE(dst.st_mode) != 0o700:
+                os.fchmod(fd, 0o700)  # a new store in an existing empty directory
+                dst = os.fstat(fd)
+        group = trust.group_ok
+        for name, st in (("", dst), (SECRET_NAME, entries.get(SECRET_NAME)),
+                         ("data.mdb", entries.get("data.mdb"))):
+            if st is None:
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            if mode & (0o007 if group(st.st_gid) else 0o077):
+                self._exposed.append(f"{os.path.join(path, name) if name else path} (mode {mode:o})")
         return has_data
+
+    def _check_entries(self) -> dict[str, os.stat_result]:
+        """lstat every entry of the store directory and refuse any that is not to be
+        trusted; remove secret temp files their (dead) creators left."""
+        path, trust, fd = self.path, self._trust, self._dirfd
+        entries: dict[str, os.stat_result] = {}
+        links: dict[tuple[int, int], int] = {}  # secret temp files' inodes: how many
+        for name in os.listdir(fd):
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:  # another process of ours removed it meanwhile
+                continue
+            full = os.path.join(path, name)
+            problem = trust.problem(st, full, kind="entry")
+            # (the secret is checked below; a verdict file that is not a regular file is
+            # never read or written -- it is a cache -- so it may be anything of this user's)
+            if (problem is None and name in _OWN_FILES and name != SECRET_NAME
+                    and (name != VERIFIED_NAME or stat.S_ISREG(st.st_mode))):
+                problem = trust.problem(st, full, kind="file")
+            if problem is not None:
+                raise trust.refuse(path, problem)
+            pid = _secret_tmp_pid(name)
+            if pid is not None and not _alive(pid):
+                try:  # a creator killed while writing the secret (ours: the owner was checked)
+                    os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                continue
+            if pid is not None:
+                links[(st.st_dev, st.st_ino)] = links.get((st.st_dev, st.st_ino), 0) + 1
+            entries[name] = st
+        if SECRET_NAME in entries:  # checked once dead creators' temp links are gone
+            try:
+                entries[SECRET_NAME] = os.lstat(SECRET_NAME, dir_fd=fd)
+            except FileNotFoundError:  # (only tcc can remove it: trust the listing)
+                pass
+            self._check_secret(entries[SECRET_NAME], links)
+        return entries
+
+    def _check_secret(self, st: os.stat_result, links: dict[tuple[int, int], int] | None) -> None:
+        """Refuse a secret file that is not to be trusted.  Its extra links may be the temp
+        files of creators still linking it into place (``links``: their count by inode)."""
+        full = os.path.join(self.path, SECRET_NAME)
+        problem = self._trust.problem(st, full, kind="file")
+        if problem is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            if links is None:  # count them (a creator may have linked it since the listing)
+                links = {}
+                for name in os.listdir(self._dirfd):
+                    if _secret_tmp_pid(name) is not None:
+                        try:
+                            t = os.lstat(name, dir_fd=self._dirfd)
+                        except FileNotFoundError:
+                            continue
+                        if self._trust.owner_ok(t.st_uid):
+                            links[(t.st_dev, t.st_ino)] = links.get((t.st_dev, t.st_ino), 0) + 1
+            # the other names that are temp files in this private directory are harmless
+            problem = self._trust.problem(st, full, kind="file",
+                                          spare_links=links.get((st.st_dev, st.st_ino), 0))
+        if problem is not None:
+            raise self._trust.refuse(self.path, problem)
+
+    def _load_secret(self, create: bool) -> bytes:
+        """The store secret, read through the checked directory; created (0600) if
+        ``create`` and missing.
+
+        The creator writes a temp file of a name no one can have made before
+        (``O_EXCL``: never a file someone planted) in the private directory,
+        links it into place and removes it; concurrent creators race safely:
+        the loser reads the winner's secret.
+        """
+        fd = self._dirfd
+        try:
+            return self._read_secret()
+        except FileNotFoundError:
+            if not create:
+                raise
+        tmp = f"{SECRET_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+        tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600, dir_fd=fd)
+        try:
+            os.fchmod(tfd, 0o600)
+            data = memoryview(os.urandom(32))
+            while data:
+                data = data[os.write(tfd, data):]
+            os.fsync(tfd)
+        finally:
+            os.close(tfd)
+        try:  # (by full names, so that a trace shows where the secret was made)
+            os.link(os.path.join(self.path, tmp), os.path.join(self.path, SECRET_NAME))
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp, dir_fd=fd)
+        return self._read_secret()
+
+    def _read_secret(self) -> bytes:
+        """Read the secret: never through a link, never blocking (a FIFO), only from a
+        regular file this user may trust, and no more than one byte too many."""
+        full = os.path.join(self.path, SECRET_NAME)
+        try:
+            sfd = os.open(SECRET_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                          | os.O_CLOEXEC, dir_fd=self._dirfd)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise  # FileNotFoundError: the caller decides
+            raise self._trust.refuse(self.path, self._trust.problem(
+                os.lstat(SECRET_NAME, dir_fd=self._dirfd), full, kind="file")
+                or (f"{full} is a symbolic link", "restore the secret file from a backup")) from None
+        try:
+            self._check_secret(os.fstat(sfd), None)
+            data = os.read(sfd, 33)
+        finally:
+            os.close(sfd)
+        if len(data) != 32:
+            size = os.stat(SECRET_NAME, dir_fd=self._dirfd, follow_symlinks=False).st_size
+            raise Corrupt(f"secret file {full} has {size} bytes, expected 32")
+        return data
+
+    def _check_unchanged(self) -> None:
+        """After LMDB opened the store by its path: the path still names the directory that
+        was checked, and the files LMDB may just have created are to be trusted too."""
+        here = os.fstat(self._dirfd)
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (here.st_dev, here.st_ino):
+            raise StoreInsecureError(
+                f"store {self.path} is not safe to use: the directory was replaced while tcc "
+                f"opened it; {_WHY_TRUST}. Check who can write its parent directory")
+        for name in ("data.mdb", "lock.mdb"):
+            st = os.lstat(name, dir_fd=self._dirfd)
+            problem = self._trust.problem(st, os.path.join(self.path, name), kind="file")
+            if problem is not None:
+                raise self._trust.refuse(self.path, problem)
 
     def _open_env(self) -> None:
         path = self.path
@@ -489,10 +876,17 @@ class EnvHandle:
             if txn.stat(self.dbs["runs"])["entries"] or txn.stat(self.dbs["snaps"])["entries"]:
                 raise StoreCorruptError(f"store {self.path} has records but no format header")
             store_id = os.urandom(16).hex()
+            label = _check_label(store_id, FORMAT["version"], self.store_key is not None)
             hdr = {**FORMAT, "store_id": store_id, "created": time.time(),
-                   "check": self.sealer.check_tag(_check_label(store_id, FORMAT["version"])).hex()}
+                   "check": self.sealer.check_tag(label).hex()}
+            crypt = None
+            if self.store_key is not None:
+                hdr["version"] = ENCRYPTED_FORMAT
+                hdr["enc"], crypt = new_header(self.store_key, store_id, ENCRYPTED_FORMAT)
             txn.put(b"format", json.dumps(hdr).encode(), db=self.dbs["meta"])
             self.sealer = self.sealer.with_chunk_hash(_CHUNK_HASH[FORMAT["version"]])
+            if crypt is not None:
+                self.sealer = self.sealer.with_crypt(crypt)
             return
         try:
             hdr = json.loads(bytes(raw))
@@ -502,6 +896,11 @@ class EnvHandle:
             hdr = {}
         if hdr.get("magic") != FORMAT["magic"]:
             raise StoreCorruptError(f"{self.path} holds a foreign LMDB database, not a tcc store")
+        encrypted = hdr.get("version") == ENCRYPTED_FORMAT
+        if self.store_key is not None and hdr.get("version") in _UPGRADABLE:  # before upgrading
+            raise refuse_plain(self.store_key, self.path)
+        if encrypted:
+            hdr["version"] = FORMAT["version"]  # (a copy) read as format 4
         if hdr.get("version") in _UPGRADABLE:  # everything v1 and v2 wrote, v3 reads the same way
             # An older tcc still running on the store would keep writing records
             # without head records: upgrade only with the store to ourselves.
@@ -526,16 +925,24 @@ class EnvHandle:
                                     f"this tcc reads versions 1 to {FORMAT['version']}: upgrade tcc")
         self.sealer = self.sealer.with_chunk_hash(chunk_hash)
         store_id = str(hdr.get("store_id"))
-        if hdr.get("check") != self.sealer.check_tag(_check_label(store_id, version)).hex():
-            written = [v for v in _CHUNK_HASH if v != version and hdr.get("check")
-                       == self.sealer.check_tag(_check_label(store_id, v)).hex()]
+        label = _check_label(store_id, version, encrypted)
+        if hdr.get("check") != self.sealer.check_tag(label).hex():
+            written = [ENCRYPTED_FORMAT if e else v for v, e in [(3, False), (4, False), (4, True)]
+                       if (v, e) != (version, encrypted) and hdr.get("check")
+                       == self.sealer.check_tag(_check_label(store_id, v, e)).hex()]
             if written:  # the version picks the chunk hash: reading on would fail every chunk
                 raise StoreCorruptError(
-                    f"store {self.path}: its format header says version {version} but the store "
+                    f"store {self.path}: its format header says version "
+                    f"{ENCRYPTED_FORMAT if encrypted else version} but the store "
                     f"was written as version {written[0]} (damage changed the header); restore "
                     "the store from a backup")
             raise StoreCorruptError(f"the secret file of store {self.path} does not belong to it; "
                                     "restore the original secret file")
+        if self.store_key is not None and not encrypted:
+            raise refuse_plain(self.store_key, self.path)
+        if encrypted:  # after the secret check: the data key, unwrapped with the store key
+            self.sealer = self.sealer.with_crypt(
+                open_header(hdr.get("enc"), self.store_key, store_id, ENCRYPTED_FORMAT, self.path))
 
     def _index_snapshots(self, txn: Any) -> None:
         """Write the head records (the upgrade to format 3): per run the index of

@@ -505,10 +505,10 @@ class LmdbStore(Maintenance):
         # transaction against the newest snapshot's MAC.
         prev_tag, prev_map = memo.tag, memo.by_addr
         encoded: dict[bytes, bytes] = {}
-        encode = ChunkEncoder().encode
+        encode, lock = ChunkEncoder().encode, sealer.lock_chunk
         for h, p in ordered:
             if h not in prev_map and h not in encoded:
-                encoded[h] = encode(p)
+                encoded[h] = lock(h, encode(p))  # (encrypted too, in an encrypted store)
         whole = encode_chunk(payload) if inline else b""
         box: list[Any] = []
         answered: list[Any] = []  # [run created, seq] of the completion journaled
@@ -623,10 +623,10 @@ class LmdbStore(Maintenance):
             if addr is None:
                 return None
             if cid in nodes:
-                return encode_node(nodes[cid])
+                return sealer.lock_chunk(addr, encode_node(nodes[cid]))
             got = encoded.get(addr)
             if got is None:
-                got = encode_chunk(dict(ordered)[addr])
+                got = sealer.lock_chunk(addr, encode_chunk(dict(ordered)[addr]))
             return got
 
         def seal(pending: bytes) -> SnapRow:

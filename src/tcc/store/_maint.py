@@ -203,6 +203,19 @@ class Maintenance(StoreCore):
 
         return self._read(op)
 
+    def journal_length(self, run_id: str) -> int:
+        """How many journal records the run has, read from its (verified) count record
+        alone: ``journal(run_id, journal_length(run_id) - n)`` reads only the last n
+        (`tcc show` pages a long journal so).  Read-only."""
+        rid = self._rid(run_id)
+
+        def op(txn: Any) -> int:
+            self._load_run(txn, rid)  # an unknown run: RunNotFoundError, as journal() says
+            n = self._journal_len(txn, prefix(self._t, rid), rid)
+            return 0 if n is None else n
+
+        return self._read(op)
+
     # ------------------------------------------------------------ fork/delete
     def fork_run(
         self, run_id: str, number: int | None = None, *, new_run_id: str | None = None

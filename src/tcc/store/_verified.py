@@ -113,8 +113,8 @@ class Verdict:
 
     def _file_vouches(self, body: bytes) -> bool:
         try:
-            # never block (a FIFO put in its place) and read only a regular file
-            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # never block (a FIFO put in its place), never follow a link, read only a regular file
+            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return False
         try:
@@ -160,11 +160,12 @@ class Verdict:
             return
         try:
             if self._fd is None:
-                fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC,
-                             0o600)
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # written through no other name
                     os.close(fd)
-                    raise OSError(f"{self._path} is not a regular file")
+                    raise OSError(f"{self._path} is not a regular file with one link")
                 self._fd = fd
             os.pwrite(self._fd, self._sealer.mac(_DB, _KEY, body) + body, 0)
             self._last = body
