@@ -36,7 +36,6 @@ import json
 import os
 import pickle
 import random
-import statistics
 import sys
 import tempfile
 import threading

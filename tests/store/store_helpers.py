@@ -10,7 +10,6 @@ import textwrap
 
 def payload(n: int, size: int = 3000) -> bytes:
     """Deterministic, incompressible-ish bytes distinct for each ``n``."""
-    import hashlib
 
     out = bytearray()
     block = 0

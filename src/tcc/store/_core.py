@@ -7,7 +7,6 @@ retention, and ``_env`` for environment lifetime, growth and durability.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import threading
