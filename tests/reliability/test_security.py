@@ -304,7 +304,7 @@ def test_inspect_runs_no_user_code(tmp_path: pathlib.Path) -> None:
             assert not mark.exists(), (extra, mark.read_text())
         assert "tripmod_sec.Thing" in cli.run("inspect", run_id, check=True).stdout
     # the control: --unsafe-repr does import the script and use the real hooks
-    cli.run("inspect", "--unsafe-repr", "eager", check=True)
+    cli.run("inspect", "--unsafe-repr", "--yes", "eager", check=True)
     assert {"module body", "__setstate__", "__repr__"} <= set(mark.read_text().splitlines())
 
 

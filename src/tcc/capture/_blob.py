@@ -13,12 +13,22 @@ Layout (all integers big-endian)::
 The digest is checked before decompression and before anything is unpickled,
 so a damaged blob is always refused and never reaches the pickle machine.  It
 is an integrity check, not authentication: the store adds a keyed MAC.
+
+Decompression is bounded: a payload inflates to at most :func:`max_payload`
+bytes (``$TCC_MAX_SNAPSHOT_SIZE``, default 256 MiB).  A frame that declares a
+larger size is refused before anything is allocated, and one that does not
+declare its size is inflated piece by piece and cut off at the limit, so a few
+kilobytes of hostile zstandard cannot make a reader allocate gigabytes.
+:func:`seal` refuses to compress a payload larger than the limit, so that a
+run never stores a snapshot it could not read back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+import re
 import struct
 import sys
 
@@ -40,6 +50,34 @@ def interpreter_tag() -> bytes:
     return f"{impl}|{magic}|O{sys.flags.optimize}".encode()
 
 
+DEFAULT_MAX_PAYLOAD = 256 << 20
+_READ_STEP = 1 << 20  # bytes inflated at a time when a frame does not declare its size
+_SIZE = re.compile(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
+
+
+def max_payload() -> int:
+    """The largest payload (in bytes, after decompression) a snapshot may inflate to.
+
+    ``$TCC_MAX_SNAPSHOT_SIZE`` (bytes, or with a K/M/G/T suffix) raises or lowers
+    it; the default is 256 MiB.  A value that does not parse is ignored.
+    """
+    raw = os.environ.get("TCC_MAX_SNAPSHOT_SIZE", "")
+    m = _SIZE.fullmatch(raw) if raw else None
+    if m is None:
+        return DEFAULT_MAX_PAYLOAD
+    value = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
+    return max(value, 1)
+
+
+def _too_large(size: int | None, limit: int) -> errors.CorruptSnapshotError:
+    what = (f"says it inflates to {size} bytes, more than the limit of {limit} bytes; it was not "
+            "decompressed" if size is not None else
+            f"inflates to more than the limit of {limit} bytes; decompression stopped there")
+    return errors.CorruptSnapshotError(
+        f"snapshot payload {what} (raise $TCC_MAX_SNAPSHOT_SIZE if a snapshot this large is "
+        "expected)")
+
+
 _TAG = interpreter_tag()
 _cctx: dict[int, zstandard.ZstdCompressor] = {}
 _dctx = zstandard.ZstdDecompressor()
@@ -49,6 +87,12 @@ def seal(payload: bytes, *, level: int = 3, compress: bool = True) -> bytes:
     """Wrap a pickle payload into a snapshot blob."""
     flags = 0
     if compress:
+        limit = max_payload()
+        if len(payload) > limit:
+            raise errors.CaptureError(
+                f"the snapshot payload is {len(payload)} bytes, more than the limit of {limit} "
+                "bytes a snapshot may inflate to (readers would refuse it); raise "
+                "$TCC_MAX_SNAPSHOT_SIZE, or keep large data out of the captured state")
         cctx = _cctx.get(level)
         if cctx is None:
             cctx = _cctx[level] = zstandard.ZstdCompressor(level=level, write_checksum=True)
@@ -97,7 +141,30 @@ def unseal(blob: bytes | bytearray | memoryview) -> bytes:
         raise errors.CorruptSnapshotError(f"unknown snapshot flags 0x{flags:02x}")
     if flags & FLAG_ZSTD:
         try:
-            return _dctx.decompress(payload)
+            return _inflate(payload, max_payload())
         except zstandard.ZstdError as exc:
             raise errors.CorruptSnapshotError(f"snapshot payload does not decompress: {exc}") from None
     return bytes(payload)
+
+
+def _inflate(payload: memoryview, limit: int) -> bytes:
+    """Decompress one zstandard frame of at most ``limit`` bytes (else CorruptSnapshotError)."""
+    size = zstandard.frame_content_size(payload)
+    if size > limit:
+        raise _too_large(size, limit)
+    if size >= 0:  # the frame says its size (seal's do): zstandard checks that it is true
+        data: bytes = _dctx.decompress(payload)
+        return data
+    # No size in the frame header: inflate a step at a time, never past the limit.
+    parts: list[bytes] = []
+    total = 0
+    with _dctx.stream_reader(payload, read_across_frames=False) as reader:
+        while True:
+            part = reader.read(_READ_STEP)
+            if not part:
+                break
+            total += len(part)
+            if total > limit:
+                raise _too_large(None, limit)
+            parts.append(part)
+    return b"".join(parts)

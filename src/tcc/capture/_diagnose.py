@@ -15,6 +15,12 @@ open file, on the path -- a hint naming it follows: keep the object in
 ``tcc.resource(factory, ...)``, which is captured as "call the factory
 again".  Types are recognised by module and class name only, so no client
 library is imported to check.
+
+The walk asks objects nothing they could lie about: kinds are told by
+``type(obj)``, never by ``isinstance`` (which believes an object's own
+``__class__``), and a child that fails to list its parts ends the descent
+instead of the diagnosis.  A graph too deep to pickle is named as such, at the
+variable that holds it, without walking down its whole length.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import collections
 import functools
 import io
 import itertools
+import pickle
 import re
+import reprlib
 import sys
 import types
 from typing import Any, Callable, Iterator, NamedTuple
@@ -34,18 +42,49 @@ Child = tuple[str, Any]
 
 _MAX_DEPTH = 100
 _MAX_CHILDREN = 10_000
+_SHOWN_PATH = 12  # labels of a longer path are elided in the middle
+_TOO_DEEP = ("object graph too deep to capture: it nests deeper than pickling can go "
+             "(a long linked chain, or deeply nested containers); flatten it or keep it out "
+             "of the state the agent holds across an await")
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 37, 37
 
 
 def _short(value: Any) -> str:
     try:
-        text = repr(value)
+        text = _REPR.repr(value)  # bounded depth: a deeply nested key must not recurse
     except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _too_deep(exc: BaseException) -> bool:
+    """Whether pickling failed because the graph nests too deeply."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, RecursionError):
+            return True
+        if isinstance(exc, pickle.PicklingError) and "recursion" in str(exc):
+            return True  # cloudpickle's wrapping of RecursionError
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
+_EXCEPTION: dict[str, Any] = {name: vars(BaseException)[name]
+                              for name in ("args", "__cause__", "__context__")}
+
+
+def _is_generator(obj: Any) -> bool:
+    return type(obj) in _frames.GENERATOR_TYPES
+
+
 def _children(obj: Any) -> Iterator[Child]:
-    if isinstance(obj, _frames.GENERATOR_TYPES):
+    """The parts of ``obj`` pickling would save, with labels.  Kinds are told by
+    ``type(obj)``: ``isinstance`` would believe a ``__class__`` the object fakes."""
+    t = type(obj)
+    if t in _frames.GENERATOR_TYPES:
         state, _offset, slots, exc, func = _frames.native().read_frame(obj, _records.NULL)
         if state in (_frames.CREATED, _frames.SUSPENDED):
             code = _frames.code_of(obj)
@@ -53,7 +92,7 @@ def _children(obj: Any) -> Iterator[Child]:
                 if value is _records.NULL:
                     continue
                 label = _frames.describe_slot(code, i)
-                if isinstance(value, types.CellType):
+                if type(value) is types.CellType:
                     try:
                         value = value.cell_contents
                     except ValueError:
@@ -63,13 +102,13 @@ def _children(obj: Any) -> Iterator[Child]:
                 yield "handled exception", exc
             yield "function", func
         return
-    if isinstance(obj, types.CellType):
+    if t is types.CellType:
         try:
             yield "cell contents", obj.cell_contents
         except ValueError:
             pass
         return
-    if isinstance(obj, types.FunctionType):
+    if t is types.FunctionType:
         for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
             try:
                 yield f"closure {name!r}", cell.cell_contents
@@ -82,41 +121,41 @@ def _children(obj: Any) -> Iterator[Child]:
         yield "defaults", obj.__defaults__
         yield "__dict__", obj.__dict__
         return
-    if isinstance(obj, types.MethodType):
+    if t is types.MethodType:
         yield "__self__", obj.__self__
         yield "__func__", obj.__func__
         return
-    if isinstance(obj, dict):
-        for key, value in obj.items():
+    if t is dict:  # subclasses (which may override items) go the __reduce_ex__ way below
+        for key, value in list(dict.items(obj)):
             yield f"[{_short(key)}]", value
             yield f"key {_short(key)}", key
         return
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        for i, value in enumerate(obj):
+    if t in (list, tuple, set, frozenset):
+        for i, value in enumerate(list(obj)):
             yield f"[{i}]", value
         return
-    if isinstance(obj, BaseException):
-        yield "args", obj.args
-        yield "__dict__", obj.__dict__
-        yield "__cause__", obj.__cause__
-        yield "__context__", obj.__context__
+    if issubclass(t, BaseException):
+        yield "args", _EXCEPTION["args"].__get__(obj)  # not obj.args: a subclass may override it
+        yield "__dict__", getattr(obj, "__dict__", None)
+        yield "__cause__", _EXCEPTION["__cause__"].__get__(obj)
+        yield "__context__", _EXCEPTION["__context__"].__get__(obj)
         return
-    if isinstance(obj, type):
+    if issubclass(t, type):
         return
     try:
         rv = obj.__reduce_ex__(5)
     except Exception:  # noqa: BLE001 - the object itself is the culprit
         return
-    if not isinstance(rv, tuple):
+    if not issubclass(type(rv), tuple):
         return
     args = rv[1] if len(rv) > 1 else ()
-    state = rv[2] if len(rv) > 2 else None
-    if isinstance(state, tuple) and len(state) == 2:
-        dict_state, slot_state = state
+    reduced: Any = rv[2] if len(rv) > 2 else None
+    if issubclass(type(reduced), tuple) and len(reduced) == 2:
+        dict_state, slot_state = reduced
     else:
-        dict_state, slot_state = state, None
+        dict_state, slot_state = reduced, None
     for part in (dict_state, slot_state):
-        if isinstance(part, dict):
+        if issubclass(type(part), dict):
             for key, value in part.items():
                 yield str(key), value
         elif part is not None:
@@ -141,10 +180,23 @@ def _probe(obj: Any, make_pickler: Callable[[io.BytesIO], Any]) -> BaseException
     return None
 
 
+def _listed(obj: Any) -> Iterator[Child]:
+    """:func:`_children`, ending quietly where the object fails to list its parts (its
+    own code raised): the diagnosis stops there instead of failing."""
+    parts = itertools.islice(_children(obj), _MAX_CHILDREN)
+    while True:
+        try:
+            part = next(parts)
+        except Exception:  # noqa: BLE001 - StopIteration included: no (more) parts
+            return
+        yield part
+
+
 def explain(root: Any, original: BaseException, make_pickler: Callable[[io.BytesIO], Any]) -> str:
     """A one-line description of where ``root`` fails to capture, and why.
 
     If the fix is known (see :func:`hint`), it follows after ``; hint:``.
+    A graph too deep to pickle is reported at the variable that holds it.
     """
     frame: str | None = None
     path: list[str] = []
@@ -152,14 +204,15 @@ def explain(root: Any, original: BaseException, make_pickler: Callable[[io.Bytes
     # that leads to it (the root has none); the hint is chosen from them.
     held: list[tuple[str | None, Any]] = []
     reason: BaseException = original
+    too_deep = _too_deep(original)
     obj = root
     seen = {id(root)}
-    if isinstance(root, _frames.GENERATOR_TYPES):
+    if _is_generator(root):
         frame = _frames.where(root)
     else:
         held.append((None, root))
     for _ in range(_MAX_DEPTH):
-        for label, child in itertools.islice(_children(obj), _MAX_CHILDREN):
+        for label, child in _listed(obj):
             if id(child) in seen:
                 continue
             failure = _probe(child, make_pickler)
@@ -167,7 +220,7 @@ def explain(root: Any, original: BaseException, make_pickler: Callable[[io.Bytes
                 continue
             seen.add(id(child))
             reason = failure
-            if isinstance(child, _frames.GENERATOR_TYPES):
+            if _is_generator(child):
                 frame, path, held = _frames.where(child), [], []
             else:
                 path.append(label)
@@ -176,11 +229,18 @@ def explain(root: Any, original: BaseException, make_pickler: Callable[[io.Bytes
             break
         else:
             break
+        if too_deep and path:
+            break  # the variable that holds the deep graph: walking its length says nothing more
     where = f"cannot capture {frame}" if frame else "cannot capture object"
+    if len(path) > _SHOWN_PATH:
+        half = _SHOWN_PATH // 2
+        path = [*path[:half], f"… ({len(path) - 2 * half} more)", *path[-half:]]
     if path:
         where += ": " + " -> ".join(path)
-    detail = str(reason) or type(reason).__name__
+    detail = _TOO_DEEP if too_deep or _too_deep(reason) else (str(reason) or type(reason).__name__)
     message = f"{where}: {detail}"
+    if too_deep or _too_deep(reason):
+        return message
     try:
         advice = hint(held)
     except Exception:  # noqa: BLE001 - a hint must never hide the real error
@@ -244,8 +304,8 @@ _NAMED = re.compile(r"(?:local|cell variable|free variable|closure|global) '([A-
 def _type_id(t: type) -> tuple[str, str]:
     module = getattr(t, "__module__", None)
     qualname = getattr(t, "__qualname__", None)
-    return (module if isinstance(module, str) else "",
-            qualname if isinstance(qualname, str) else "")
+    return (module if type(module) is str else "",
+            qualname if type(qualname) is str else "")
 
 
 def _public_name(t: type) -> str:
@@ -268,7 +328,7 @@ def _public_name(t: type) -> str:
 
 
 def _is_plumbing(obj: Any) -> bool:
-    return isinstance(obj, _PLUMBING) or _type_id(type(obj))[0] == "builtins"
+    return issubclass(type(obj), _PLUMBING) or _type_id(type(obj))[0] == "builtins"
 
 
 def _factory_name(t: type) -> str:

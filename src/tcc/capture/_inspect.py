@@ -4,11 +4,14 @@
 with a restricted unpickler.  Its ``find_class`` never imports a module that
 is not already imported and never hands out a user callable: tcc's frame
 reconstructors become *views* (:class:`FrameView`, :class:`CellView`, ...),
-cloudpickle's function and class rebuilders become views that keep names and
-code objects, a short allowlist of inert standard types stays real, and every
-other global becomes a :class:`Stub` class that, when called, reconstructed or
-given state, just records what it was given.  Nothing in the pickle can reach
-a ``__reduce__``/``__setstate__``/``__repr__`` of a user class.
+cloudpickle's function and class rebuilders become views that keep names, and
+a code object becomes a :class:`CodeView` -- never a real code object, which
+CPython would build from bytecode it trusts.  A short allowlist of inert
+standard types builds real values, through checks that bound the work and
+memory a call may ask for (:class:`AllowedType`), and every other global
+becomes a :class:`Stub` class that, when called, reconstructed or given
+state, just records what it was given.  Nothing in the pickle can reach a
+``__reduce__``/``__setstate__``/``__repr__`` of a user class.
 
 An allowlisted type can refuse what it is given once parts of it became
 stubs (a ``datetime`` whose ``tzinfo`` is a ``ZoneInfo``, a ``defaultdict``
@@ -25,9 +28,13 @@ only; numpy is never imported.
 :func:`describe` turns the root of a run state (the root coroutine) into a
 list of :class:`FrameInfo`, outermost first, following the await chain
 through the value stacks, with lines mapped from the stored instruction
-offsets and locals rendered by :func:`safe_repr`.  Code of functions captured
-*by reference* is found by compiling the current source file (compiling
-executes nothing) and is compared with the stored fingerprint.
+offsets (decoded from the stored line table, :func:`code_line`) and locals
+rendered by :func:`safe_repr`.  Code of functions captured *by reference* is
+found by compiling the current source file (compiling executes nothing) and
+is compared with the stored fingerprint.  Source lines are read only from
+module files found by import rules and from the files the caller says belong
+to the run: a snapshot names its code's file, and must not make inspect print
+another one.
 
 Live generators (from :func:`tcc.capture.loads`, for ``--unsafe-repr``) are
 accepted by :func:`describe` too; they are read with the native
@@ -90,20 +97,167 @@ class _Unbound(View):
 UNBOUND = _Unbound()
 
 
+# How cloudpickle (and tcc's ``_records.make_code``) lays out a code object's
+# constructor arguments on Python 3.11 and later.
+_CODE_FIELDS = (
+    "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_stacksize",
+    "co_flags", "co_code", "co_consts", "co_names", "co_varnames", "co_filename", "co_name",
+    "co_qualname", "co_firstlineno", "co_linetable", "co_exceptiontable", "co_freevars",
+    "co_cellvars",
+)
+_CODE_INTS = ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals",
+              "co_stacksize", "co_flags", "co_firstlineno")
+_CODE_BYTES = ("co_code", "co_linetable", "co_exceptiontable")
+_CODE_NAMES = ("co_names", "co_varnames", "co_freevars", "co_cellvars")
+
+
 class CodeView(View):
-    """A code object that could not be rebuilt on this interpreter."""
+    """A code object as the snapshot stores it, never built into a real one.
 
-    __slots__ = ("args", "filename", "name", "qualname")
+    Building a code object from a snapshot's arguments is not inert: CPython
+    trusts the bytecode it is given (a crafted one made ``CodeType(...).replace()``
+    write past the end of a buffer in ``deopt_code``).  The view keeps the
+    arguments that inspect reads -- names, flags, the raw bytecode and the line
+    table -- each checked for its type; line numbers are decoded from the line
+    table by :func:`code_line`, in Python.
+    """
 
-    def __init__(self, args: Any, filename: str) -> None:
+    __slots__ = ("args", "name", "qualname", *_CODE_FIELDS)
+
+    co_argcount: int
+    co_posonlyargcount: int
+    co_kwonlyargcount: int
+    co_nlocals: int
+    co_stacksize: int
+    co_flags: int
+    co_code: bytes
+    co_consts: tuple[Any, ...]
+    co_names: tuple[str, ...]
+    co_varnames: tuple[str, ...]
+    co_filename: str
+    co_name: str
+    co_qualname: str
+    co_firstlineno: int
+    co_linetable: bytes
+    co_exceptiontable: bytes
+    co_freevars: tuple[str, ...]
+    co_cellvars: tuple[str, ...]
+
+    def __init__(self, args: Any, filename: Any) -> None:
         self.args = args
-        self.filename = filename
-        strings = [a for a in args if isinstance(a, str)] if isinstance(args, tuple) else []
-        self.name = strings[1] if len(strings) > 1 else "?"
-        self.qualname = strings[2] if len(strings) > 2 else self.name
+        fields = args if isinstance(args, tuple) and len(args) == len(_CODE_FIELDS) else None
+        for index, field in enumerate(_CODE_FIELDS):
+            value = fields[index] if fields is not None else None
+            if field in _CODE_INTS:
+                value = value if type(value) is int else 0
+            elif field in _CODE_BYTES:
+                value = value if type(value) is bytes else b""
+            elif field in _CODE_NAMES:
+                ok = type(value) is tuple and all(type(v) is str for v in value)
+                value = value if ok else ()
+            elif field == "co_consts":
+                value = value if type(value) is tuple else ()
+            else:
+                value = value if type(value) is str else ""
+            object.__setattr__(self, field, value)
+        if fields is None and isinstance(args, tuple):  # another layout: guess the names
+            strings = [a for a in args if type(a) is str]
+            self.co_name = strings[1] if len(strings) > 1 else "?"
+            self.co_qualname = strings[2] if len(strings) > 2 else self.co_name
+        self.co_name = self.co_name or "?"
+        self.co_qualname = self.co_qualname or self.co_name
+        self.co_filename = filename if type(filename) is str else ""
+        self.name = self.co_name
+        self.qualname = self.co_qualname
 
     def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
         return f"<code {self.qualname}>"
+
+
+AnyCode = types.CodeType | CodeView  # a live or compiled code object, or a stored one
+
+
+def _varint(table: bytes, i: int) -> tuple[int, int]:
+    """(value, next index) of the 6-bit-chunk varint at ``table[i]`` (IndexError if cut short)."""
+    byte = table[i]
+    value, shift = byte & 63, 0
+    while byte & 64:
+        i += 1
+        byte = table[i]
+        shift += 6
+        value |= (byte & 63) << shift
+    return value, i + 1
+
+
+def _table_position(table: bytes, first: int, offset: int) -> tuple[int | None, int | None, int | None, int | None] | None:
+    """(line, end line, column, end column) of code unit ``offset`` from a 3.11+ line table.
+
+    The format is CPython's ``Objects/locations.md``; this reads it the way
+    ``co_positions()`` does, but from stored bytes and without a code object.
+    None if the table does not reach ``offset`` or is malformed.
+    """
+    line, unit, i = first, 0, 0
+    try:
+        while i < len(table):
+            head = table[i]
+            i += 1
+            if not head & 0x80:
+                return None  # every entry starts with its top bit set
+            kind, length = (head >> 3) & 15, (head & 7) + 1
+            pos: tuple[int | None, int | None, int | None, int | None]
+            if kind == 15:  # no location
+                pos = (None, None, None, None)
+            elif kind == 14:  # long form
+                delta, i = _varint(table, i)
+                line += -(delta >> 1) if delta & 1 else delta >> 1
+                end, i = _varint(table, i)
+                col, i = _varint(table, i)
+                end_col, i = _varint(table, i)
+                pos = (line, line + end, col - 1 if col else None, end_col - 1 if end_col else None)
+            elif kind == 13:  # no columns
+                delta, i = _varint(table, i)
+                line += -(delta >> 1) if delta & 1 else delta >> 1
+                pos = (line, line, None, None)
+            elif kind >= 10:  # one line, columns in two bytes
+                line += kind - 10
+                pos = (line, line, table[i], table[i + 1])
+                i += 2
+            else:  # short form
+                second = table[i]
+                i += 1
+                col = kind << 3 | (second >> 4)
+                pos = (line, line, col, col + (second & 15))
+            if unit <= offset < unit + length:
+                return pos
+            unit += length
+    except IndexError:
+        return None
+    return None
+
+
+def code_line(code: Any, offset: int) -> tuple[int | None, tuple[int, int] | None]:
+    """(line, (column, end column) or None) of instruction ``offset`` (in code units) of ``code``.
+
+    ``code`` is a real code object (a live frame's, or one compiled from the
+    current source) or a :class:`CodeView`, whose stored line table is decoded
+    without building a code object.  A negative offset (not started) is the
+    function's first line.
+    """
+    if offset < 0:
+        return (code.co_firstlineno or None), None
+    pos: tuple[Any, ...] | None = None
+    if isinstance(code, types.CodeType):
+        for i, found in enumerate(code.co_positions()):
+            if i == offset:
+                pos = found
+                break
+    else:
+        pos = _table_position(code.co_linetable, code.co_firstlineno, offset)
+    if pos is None:
+        return None, None
+    line, end_line, col, end_col = pos
+    cols = (col, end_col) if line == end_line and col is not None and end_col is not None else None
+    return line, cols
 
 
 class FunctionView(View):
@@ -112,9 +266,9 @@ class FunctionView(View):
     __slots__ = ("code", "name", "qualname", "module", "closure", "defaults")
 
     def __init__(self, code: Any, globals_: Any, name: Any, argdefs: Any, closure: Any) -> None:
-        self.code = code if isinstance(code, types.CodeType) else None
+        self.code: AnyCode | None = code if isinstance(code, (types.CodeType, CodeView)) else None
         self.name = name if isinstance(name, str) else "?"
-        qualname = getattr(code, "co_qualname", None) if self.code is not None else None
+        qualname = self.code.co_qualname if self.code is not None else None
         self.qualname = qualname or self.name
         module = globals_.get("__name__") if isinstance(globals_, dict) else None
         self.module = module if isinstance(module, str) else None
@@ -205,9 +359,11 @@ class FrameView(View):
         return str(getattr(self.func, "__qualname__", "?"))
 
     @property
-    def captured_code(self) -> types.CodeType | None:
+    def captured_code(self) -> AnyCode | None:
         if isinstance(self.func, FunctionView):
             return self.func.code
+        if self.live is None:  # a stub or view: never ask it for attributes
+            return None
         code = getattr(self.func, "__code__", None)
         return code if isinstance(code, types.CodeType) else None
 
@@ -384,7 +540,8 @@ class Stub(metaclass=StubMeta):
         if self._tcc_items:
             shown.append(f"items={r.repr1(list(self._tcc_items[:4]), level - 1)}")
         if getattr(cls, "_tcc_unbuilt", False):
-            shown.append("(not rebuilt)")
+            why = getattr(cls, "_tcc_why", None)
+            shown.append(f"(not rebuilt: {why})" if isinstance(why, str) else "(not rebuilt)")
         return text + (" " + " ".join(shown) if shown else "") + ">"
 
 
@@ -394,6 +551,9 @@ def stub_class(module: str, qualname: str, **extra: Any) -> StubMeta:
     ns.update(extra)
     cls = StubMeta(name, (Stub,), ns)
     return cls
+
+
+_TOO_LARGE_UUID = stub_class("uuid", "UUID", _tcc_unbuilt=True, _tcc_why="too large")
 
 
 def stub_name(obj: Any) -> str | None:
@@ -424,12 +584,10 @@ def _no_traceback(*_args: Any) -> None:
     return None
 
 
-def _make_code(args: Any, filename: Any) -> Any:
-    # Building a code object executes nothing.
-    try:
-        return types.CodeType(*args).replace(co_filename=str(filename))
-    except Exception:  # noqa: BLE001 - another interpreter's layout: keep a view
-        return CodeView(args, str(filename))
+def _make_code(args: Any, filename: Any) -> CodeView:
+    # Never types.CodeType(*args): CPython trusts the bytecode a code object is
+    # built from, so a crafted one corrupts memory (see CodeView).
+    return CodeView(args, filename)
 
 
 def _empty_cell(*_args: Any) -> CellView:
@@ -481,7 +639,7 @@ def _function_behind_wrappers(module: Any, qualname: Any, steps: Any, code_qualn
 
 
 def _module_function(code: Any, module: Any, closure: Any = None) -> "FunctionView":
-    name = code.co_name if isinstance(code, types.CodeType) else None
+    name = code.co_name if isinstance(code, CodeView) else None
     return FunctionView(code, {"__name__": module}, name, None, closure)
 
 
@@ -623,7 +781,7 @@ _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
 
 
 def _is_safe_class(cls: Any) -> bool:
-    return isinstance(cls, StubMeta) or cls in _SAFE_TYPES or _is_builtin_exception(cls)
+    return isinstance(cls, StubMeta) or _is_allowed(cls) or _is_builtin_exception(cls)
 
 
 def _is_builtin_exception(cls: Any) -> bool:
@@ -635,34 +793,353 @@ def _is_builtin_exception(cls: Any) -> bool:
     )
 
 
+# ------------------------------------------------------- bounded calls
+#
+# Calling an allowlisted type is inert but not free: ``tuple(range(10**7))``
+# is 81 bytes of pickle and 420 MB of memory, ``bytes(10**10)`` is 10 GB,
+# ``Fraction('1e-10000000')`` computes 10**10000000.  So the loader never hands
+# out the real types: it hands out an :class:`AllowedType` for each, which
+# checks the arguments first (their kind, and the size of what they ask for)
+# and charges the memory the call would build against a budget for the whole
+# load.  What goes past a limit becomes a stub marked "(not rebuilt: too
+# large)", carrying the arguments.  Every allowlisted type and its worst case:
+#
+# * list, tuple, set, frozenset, dict, OrderedDict, Counter, deque,
+#   defaultdict: as large as the iterable they are given, and a ``range`` is
+#   any size -- the argument must be a sized container, str, bytes or range,
+#   and its length is charged (items made from a range cost their int too);
+# * bytes, bytearray: ``bytes(n)`` is n bytes -- n is charged; from a str only
+#   with a known text codec (a codec name could import a module);
+# * str: ``str(obj)`` is a repr of any size -- only str, bytes with a known
+#   codec, and numbers; an int of at most _MAX_INT_BITS (int -> str is
+#   quadratic);
+# * int, float, complex, Decimal: parsing text -- at most _MAX_TEXT
+#   characters (CPython's own int limit can be switched off);
+# * Fraction: text, ints and Decimals -- as above, and an exponent of at most
+#   _MAX_EXPONENT ('1e-N' computes 10**N), ints of at most _MAX_INT_BITS
+#   (their gcd is quadratic);
+# * UUID: ``UUID(hex=s)`` copies s -- at most _MAX_SCALAR_TEXT characters;
+# * range, slice, object, bool and datetime's types cost the same whatever
+#   they are given (they check or keep their arguments, never copy or iterate
+#   them): they are handed out as they are (_CONSTANT_COST).
+#
+# copyreg's ``__newobj__``/``_reconstructor`` and the NEWOBJ opcodes go through
+# the same checks.  Opcodes alone (no call) build only what the pickle spells
+# out, so their memory is bounded by the payload's size.  (A UUID is pickled
+# with NEWOBJ, which the C unpickler applies only to a real class: it gets
+# :class:`_CheckedUUID`, a class whose call is checked and whose ``__new__``
+# makes a plain UUID.)
+
+_MAX_TEXT = 10_000  # characters of a number written out (int, float, complex, Decimal, Fraction)
+_MAX_INT_BITS = 40_000  # ~12,000 decimal digits
+_MAX_EXPONENT = 10_000  # Fraction('1e-N') and Fraction(Decimal('1e-N')) compute 10**N
+_MAX_SCALAR_TEXT = 1_000  # a str or bytes argument of a constant-size type (a timezone name...)
+_BUDGET_FLOOR = 64 << 20  # bytes the calls of one load may build, at least ...
+_BUDGET_RATIO = 16  # ... or this many times the size of the payload
+_TOO_LARGE = "too large"
+# Text codecs ``str(b, encoding)`` and ``bytes(s, encoding)`` may name: looking a
+# codec up imports its module.
+_CODECS = frozenset({
+    "utf-8", "utf8", "utf_8", "ascii", "us-ascii", "latin-1", "latin1", "latin_1", "iso-8859-1",
+    "iso8859-1", "utf-16", "utf_16", "utf-16-le", "utf-16-be", "utf-32", "utf_32", "utf-32-le",
+    "utf-32-be", "cp1252",
+})
+_CODEC_ERRORS = frozenset({"strict", "ignore", "replace", "surrogateescape", "backslashreplace",
+                           "surrogatepass"})
+_CONTAINERS = (list, tuple, set, frozenset, dict, collections.deque)
+_HASHED = frozenset({set, frozenset, dict, collections.OrderedDict, collections.Counter,
+                     collections.defaultdict})
+_SCALARS = (int, float, complex, bool, type(None))
+_EXPONENT = re.compile(r"[eE]\s*([-+]?\d+)")
+_CONSTANT_COST: frozenset[Any] = frozenset({
+    object, bool, slice, range, datetime.datetime, datetime.date, datetime.time,
+    datetime.timedelta, datetime.timezone,
+})
+
+
+class _Refused(Exception):
+    """An allowlisted type was asked for more than the loader builds (the reason)."""
+
+
+class AllowedType(View):
+    """What the restricted loader hands out for an allowlisted type.
+
+    Calling it (``REDUCE``, copyreg's constructors, ``NEWOBJ`` in the tolerant
+    loader) builds the real value only if the arguments pass the checks of
+    :meth:`_Globals.check`; otherwise it returns a stub marked "(not rebuilt:
+    too large)", or raises TypeError for arguments of a kind it does not take
+    (which the tolerant loader turns into a "(not rebuilt)" stub).
+    """
+
+    __slots__ = ("_globals", "cls")
+
+    def __init__(self, cls: type, globals_: "_Globals") -> None:
+        self.cls = cls
+        self._globals = globals_
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._globals.build(self.cls, args, kwargs, new=False)
+
+    def new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``cls.__new__(cls, *args, **kwargs)``, checked: what NEWOBJ and ``__newobj__`` do."""
+        return self._globals.build(self.cls, args, kwargs, new=True)
+
+    def _tcc_repr(self, r: "_SafeRepr", level: int) -> str:
+        return f"<class {_class_label(self.cls).removeprefix('builtins.')}>"
+
+
+class _UUIDType(type):
+    """Metaclass of :class:`_CheckedUUID`: calling it checks the arguments first."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _cost(uuid.UUID, args, kwargs)  # TypeError for arguments of another kind
+        except _Refused:
+            return _TOO_LARGE_UUID(*args, **{str(k): v for k, v in kwargs.items()})
+        return uuid.UUID(*args, **kwargs)
+
+    def __repr__(cls) -> str:
+        return "<class uuid.UUID>"
+
+
+class _CheckedUUID(uuid.UUID, metaclass=_UUIDType):
+    """What the loader hands out for ``uuid.UUID``: NEWOBJ (how a UUID is pickled) makes a
+    plain, empty UUID that BUILD then fills; a call goes through the checks."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(uuid.UUID)
+
+
+def _real(cls: Any) -> Any:
+    """The type an :class:`AllowedType` (or :class:`_CheckedUUID`) stands for (anything
+    else as it is)."""
+    if cls is _CheckedUUID:
+        return uuid.UUID
+    return cls.cls if isinstance(cls, AllowedType) else cls
+
+
+def _is_allowed(cls: Any) -> bool:
+    """Whether ``cls`` is what the loader hands out for an allowlisted type."""
+    return isinstance(cls, AllowedType) or cls is _CheckedUUID or cls in _CONSTANT_COST
+
+
+def _length(value: Any) -> tuple[int, int] | None:
+    """(items, bytes each of them costs when copied) of a value an allowlisted type may
+    iterate over; None if it is not one whose size is known without iterating it."""
+    t = type(value)
+    if t is range:
+        try:
+            return len(value), 40  # each item a new int
+        except OverflowError:  # longer than sys.maxsize
+            return sys.maxsize, 40
+    if t is str:
+        return len(value), 80  # each item a new 1-character str
+    if t in (bytes, bytearray):
+        return len(value), 8
+    if t in _CONTAINERS or isinstance(value, (dict, collections.deque)):
+        return len(value), 8
+    return None
+
+
+def _kind_error(cls: type, value: Any) -> TypeError:
+    return TypeError(f"{_class_label(cls)} is not rebuilt from a {type(value).__name__} "
+                     "argument when inspecting")
+
+
+def _check_int(value: Any, limit: int = _MAX_INT_BITS) -> None:
+    if isinstance(value, int) and abs(value).bit_length() > limit:
+        raise _Refused(_TOO_LARGE)
+
+
+def _check_text(value: Any, limit: int = _MAX_TEXT) -> None:
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > limit:
+        raise _Refused(_TOO_LARGE)
+
+
+def _check_codec(cls: type, encoding: Any, errors: Any) -> None:
+    if not isinstance(encoding, str) or encoding.lower() not in _CODECS:
+        raise TypeError(f"{_class_label(cls)} with the codec {encoding!r} is not rebuilt when "
+                        "inspecting (looking a codec up imports it)")
+    if errors is not None and errors not in _CODEC_ERRORS:
+        raise TypeError(f"{_class_label(cls)} with errors={errors!r} is not rebuilt when inspecting")
+
+
+def _check_decimal(value: decimal.Decimal) -> None:
+    _sign, digits, exponent = value.as_tuple()
+    if len(digits) > _MAX_TEXT or (isinstance(exponent, int) and abs(exponent) > _MAX_EXPONENT):
+        raise _Refused(_TOO_LARGE)
+
+
+def _fraction_part(value: Any) -> None:
+    if isinstance(value, (bool, float)) or value is None:
+        return
+    if isinstance(value, int):
+        return _check_int(value)
+    if isinstance(value, str):
+        _check_text(value)
+        for exponent in _EXPONENT.findall(value):
+            if len(exponent) > 8 or abs(int(exponent)) > _MAX_EXPONENT:
+                raise _Refused(_TOO_LARGE)
+        return
+    if isinstance(value, decimal.Decimal):
+        return _check_decimal(value)
+    if isinstance(value, fractions.Fraction):
+        _check_int(value.numerator)
+        return _check_int(value.denominator)
+    raise _kind_error(fractions.Fraction, value)
+
+
+def _cost(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of memory calling ``cls(*args, **kwargs)`` builds (an estimate), after checking
+    that the arguments are of a kind whose cost is known.  _Refused past a per-call
+    limit; TypeError for arguments of another kind."""
+    everything = (*args, *kwargs.values())
+    if cls in (list, tuple, set, frozenset, dict, collections.OrderedDict, collections.Counter,
+               collections.deque, collections.defaultdict):
+        sources = list(args[1:2] if cls is collections.defaultdict else args[:1])
+        if cls is collections.deque and len(args) > 1 and not isinstance(args[1], (int, type(None))):
+            raise _kind_error(cls, args[1])
+        total = 0
+        for source in sources:
+            size = _length(source)
+            if size is None:
+                raise _kind_error(cls, source)
+            items, each = size
+            total += items * (each + (40 if cls in _HASHED else 0))
+        if cls in (dict, collections.OrderedDict, collections.Counter):
+            total += len(kwargs) * 48
+        return total
+    if cls in (bytes, bytearray):
+        if not args:
+            return 0
+        source = args[0]
+        if isinstance(source, int) and not isinstance(source, bool):
+            return max(source, 0)
+        if isinstance(source, str):
+            encoding = args[1] if len(args) > 1 else kwargs.get("encoding")
+            _check_codec(cls, encoding, args[2] if len(args) > 2 else kwargs.get("errors"))
+            return 4 * len(source)
+        size = _length(source)
+        if size is None:
+            raise _kind_error(cls, source)
+        return size[0]
+    if cls is str:
+        if not args and not kwargs:
+            return 0
+        source = args[0] if args else kwargs.get("object")
+        if isinstance(source, str):
+            return len(source)
+        if isinstance(source, (bytes, bytearray)):
+            if len(args) > 1 or kwargs.keys() - {"object"}:
+                encoding = args[1] if len(args) > 1 else kwargs.get("encoding", "utf-8")
+                _check_codec(cls, encoding, args[2] if len(args) > 2 else kwargs.get("errors"))
+            return 4 * len(source)
+        if isinstance(source, _SCALARS):
+            _check_int(source)
+            return 0
+        raise _kind_error(cls, source)
+    if cls in (int, float, complex, decimal.Decimal):
+        for value in everything:
+            if isinstance(value, (str, bytes, bytearray)):
+                _check_text(value)
+            elif isinstance(value, int):
+                _check_int(value)
+            elif isinstance(value, decimal.Decimal):
+                _check_decimal(value)
+            elif cls is decimal.Decimal and isinstance(value, tuple):
+                if len(value) != 3 or not isinstance(value[1], tuple) or len(value[1]) > _MAX_TEXT:
+                    raise _Refused(_TOO_LARGE)
+            elif not isinstance(value, (float, complex, type(None))):
+                raise _kind_error(cls, value)
+        return 0
+    if cls is fractions.Fraction:
+        for value in everything:
+            _fraction_part(value)
+        return 0
+    # uuid.UUID (and any other): constant work for short scalar arguments
+    for value in everything:
+        if isinstance(value, (str, bytes, bytearray)):
+            _check_text(value, _MAX_SCALAR_TEXT)
+        elif isinstance(value, int):
+            _check_int(value, 256)
+        elif isinstance(value, tuple) and cls is uuid.UUID:
+            if len(value) > 6 or not all(isinstance(v, int) for v in value):
+                raise _kind_error(cls, value)
+            for v in value:
+                _check_int(v, 256)
+    return 0
+
+
 class _Globals:
     """What the restricted unpicklers hand out for the globals a pickle names.
 
     Shared by :class:`SafeUnpickler` (the C unpickler, fast) and
     :class:`TolerantUnpickler` (the pure-Python one, which survives values
-    that cannot be rebuilt).
+    that cannot be rebuilt).  ``budget`` bounds the bytes that calls of
+    allowlisted types may build during one load (see :class:`AllowedType`).
     """
 
-    def __init__(self) -> None:
-        self._stubs: dict[tuple[str, str, bool], StubMeta] = {}
+    def __init__(self, budget: int = _BUDGET_FLOOR) -> None:
+        self._stubs: dict[tuple[str, str, bool, str | None], StubMeta] = {}
+        self._allowed: dict[type, AllowedType] = {}
+        self.budget = budget
+        self.spent = 0
 
-    def stub(self, module: str, qualname: str, *, unbuilt: bool = False) -> StubMeta:
-        key = (module, qualname, unbuilt)
+    def stub(self, module: str, qualname: str, *, unbuilt: bool = False, why: str | None = None) -> StubMeta:
+        key = (module, qualname, unbuilt, why)
         cls = self._stubs.get(key)
         if cls is None:
-            extra = {"_tcc_unbuilt": True} if unbuilt else {}
+            extra: dict[str, Any] = {"_tcc_unbuilt": True} if unbuilt else {}
+            if why is not None:
+                extra["_tcc_why"] = why
             cls = self._stubs[key] = stub_class(module, qualname, **extra)
         return cls
 
-    def unbuilt(self, func: Any) -> StubMeta:
+    def unbuilt(self, func: Any, why: str | None = None) -> StubMeta:
         """The stub standing for what calling ``func`` (a real class...) failed to build."""
+        func = _real(func)
         name = stub_name(func)
         if name is None and isinstance(func, (type, types.FunctionType, types.BuiltinFunctionType)):
             module = getattr(func, "__module__", None)
             qualname = getattr(func, "__qualname__", None)
             if isinstance(module, str) and isinstance(qualname, str):
-                return self.stub("" if module == "builtins" else module, qualname, unbuilt=True)
-        return self.stub("", name or _class_label(func), unbuilt=True)
+                return self.stub("" if module == "builtins" else module, qualname, unbuilt=True, why=why)
+        return self.stub("", name or _class_label(func), unbuilt=True, why=why)
+
+    def allowed(self, cls: type) -> Any:
+        """What the pickle gets for the allowlisted type ``cls``: ``cls`` itself if calling it
+        costs the same whatever the arguments, else its :class:`AllowedType`."""
+        if cls in _CONSTANT_COST:
+            return cls
+        if cls is uuid.UUID:
+            return _CheckedUUID
+        got = self._allowed.get(cls)
+        if got is None:
+            got = self._allowed[cls] = AllowedType(cls, self)
+        return got
+
+    def check(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Why ``cls(*args, **kwargs)`` is not built (None: it is, and its cost is charged).
+
+        TypeError for arguments of a kind ``cls`` is not rebuilt from."""
+        try:
+            cost = _cost(cls, args, kwargs)
+        except _Refused as exc:
+            return str(exc)
+        if self.spent + cost > self.budget:
+            return _TOO_LARGE
+        self.spent += cost
+        return None
+
+    def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, new: bool) -> Any:
+        why = self.check(cls, args, kwargs)
+        if why is not None:
+            return self.unbuilt(cls, why)(*args, **{str(k): v for k, v in kwargs.items()})
+        if new:
+            return cls.__new__(cls, *args, **kwargs)
+        return cls(*args, **kwargs)
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "tcc.capture._records" and name in _RECORDS:
@@ -672,7 +1149,7 @@ class _Globals:
                 return _CLOUDPICKLE[name]
         if module in ("builtins", "__builtin__"):
             if name in _SAFE_BUILTINS:
-                return _SAFE_BUILTINS[name]
+                return self.allowed(_SAFE_BUILTINS[name])
             if name == "getattr":
                 return self._getattr
             obj = getattr(builtins, name, None) if name.isidentifier() else None
@@ -686,7 +1163,7 @@ class _Globals:
             if name == "__newobj_ex__":
                 return self._newobj_ex
         if (module, name) in _SAFE_GLOBALS:
-            return _SAFE_GLOBALS[(module, name)]
+            return self.allowed(_SAFE_GLOBALS[(module, name)])
         return self.stub(module, name)
 
     # copyreg / builtins stand-ins --------------------------------------------
@@ -697,10 +1174,14 @@ class _Globals:
             return self.stub(obj._tcc_module, f"{obj._tcc_qualname}.{name}")
         if isinstance(obj, ModuleView):
             return self.stub(obj.name, name)
+        if isinstance(obj, AllowedType):
+            return self.stub("", f"{_class_label(obj.cls).removeprefix('builtins.')}.{name}")
         owner = stub_name(obj) or type(obj).__name__
         return self.stub("", f"{owner}.{name}")
 
     def _construct(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if isinstance(cls, AllowedType):
+            return cls.new(args, kwargs)
         if _is_safe_class(cls):
             try:
                 return cls.__new__(cls, *args, **kwargs)
@@ -721,10 +1202,15 @@ class _Globals:
             if state is not None:
                 obj.__setstate__({"<base state>": state})
             return obj
-        if cls in _SAFE_TYPES and base in _SAFE_TYPES:
+        real_cls, real_base = _real(cls), _real(base)
+        if _is_allowed(cls) and _is_allowed(base):
             import copyreg
 
-            return copyreg._reconstructor(cls, base, state)  # type: ignore[attr-defined]
+            if isinstance(base, AllowedType):  # base.__new__(cls, state), base.__init__(obj, state)
+                why = self.check(real_base, (state,), {})
+                if why is not None:
+                    return self.unbuilt(cls, why)(state)
+            return copyreg._reconstructor(real_cls, real_base, state)  # type: ignore[attr-defined]
         return self.stub("", _class_label(cls))(state)
 
 
@@ -737,9 +1223,9 @@ class SafeUnpickler(pickle.Unpickler):
     :class:`TolerantUnpickler`.
     """
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: Any, budget: int = _BUDGET_FLOOR) -> None:
         super().__init__(file)
-        self.globals = _Globals()
+        self.globals = _Globals(budget)
 
     def stub(self, module: str, qualname: str) -> StubMeta:
         return self.globals.stub(module, qualname)
@@ -768,9 +1254,9 @@ class TolerantUnpickler(pickle._Unpickler):
     metastack: list[list[Any]]
     memo: dict[int, Any]
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: Any, budget: int = _BUDGET_FLOOR) -> None:
         super().__init__(file)
-        self.globals = _Globals()
+        self.globals = _Globals(budget)
 
     def stub(self, module: str, qualname: str) -> StubMeta:
         return self.globals.stub(module, qualname)
@@ -790,7 +1276,8 @@ class TolerantUnpickler(pickle._Unpickler):
             return self.not_rebuilt(func, args, kwargs)
 
     def not_rebuilt(self, func: Any, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> Any:
-        fallback = _REBUILD_FALLBACKS.get(func) if type(func) is type else None
+        real = _real(func)
+        fallback = _REBUILD_FALLBACKS.get(real) if type(real) is type else None
         if fallback is not None and not kwargs:
             view = fallback(args)
             if view is not None:
@@ -812,12 +1299,15 @@ class TolerantUnpickler(pickle._Unpickler):
         stack[-1] = self.call(func, args, {})
 
     def _new(self, cls: Any, args: Any, kwargs: Any) -> None:
-        if not isinstance(cls, type):
+        if not isinstance(cls, (type, AllowedType)):
             raise pickle.UnpicklingError("NEWOBJ class argument isn't a type object")
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise pickle.UnpicklingError(f"malformed arguments for {_class_label(cls)}")
         try:
-            obj: Any = cls.__new__(cls, *args, **kwargs)
+            if isinstance(cls, AllowedType):
+                obj: Any = cls.new(args, kwargs)
+            else:
+                obj = cls.__new__(cls, *args, **kwargs)
         except Exception:  # noqa: BLE001 - not rebuilt: keep what it was given
             obj = self.not_rebuilt(cls, args, kwargs)
         self.stack.append(obj)
@@ -945,6 +1435,7 @@ _REBUILD_FALLBACKS: dict[type, Callable[[tuple[Any, ...]], Any]] = {
 
 
 def _class_label(cls: Any) -> str:
+    cls = _real(cls)
     name = stub_name(cls)
     if name is not None:
         return name
@@ -962,17 +1453,19 @@ def safe_loads(payload: bytes) -> Any:
     named stubs.  Only what that one cannot read either (truncated or
     malformed data) raises.
     """
+    budget = max(_BUDGET_FLOOR, _BUDGET_RATIO * len(payload))
     with _deep_recursion():
         try:
-            return SafeUnpickler(io.BytesIO(payload)).load()
+            return SafeUnpickler(io.BytesIO(payload), budget).load()
         except Exception:  # noqa: BLE001 - retried below, which raises if it is damage
             pass
-        return TolerantUnpickler(io.BytesIO(payload)).load()
+        return TolerantUnpickler(io.BytesIO(payload), budget).load()
 
 
 # ---------------------------------------------------------------- reprs
 
 _REPR_LIMIT = 80
+_SHOWN_INT_BITS = 14_000  # ints past this many bits are shown by size (CPython refuses ~14,300)
 
 
 class _SafeRepr(reprlib.Repr):
@@ -992,7 +1485,7 @@ class _SafeRepr(reprlib.Repr):
     def repr1(self, x: Any, level: int) -> str:
         if isinstance(x, (View, Stub)):
             return x._tcc_repr(self, level)
-        if isinstance(x, StubMeta):
+        if isinstance(x, (StubMeta, _UUIDType)):
             return repr(x)
         if self.unsafe:
             try:
@@ -1014,6 +1507,15 @@ class _SafeRepr(reprlib.Repr):
     def _safe_type(self, x: Any, level: int) -> str:
         """The repr of an allowlisted type's instance (its contents may be views)."""
         t = type(x)
+        if t is int and abs(x).bit_length() > _SHOWN_INT_BITS:  # int -> str is quadratic
+            return f"<int of {abs(x).bit_length()} bits>"
+        if t in (range, slice) and any(type(v) is int and abs(v).bit_length() > _SHOWN_INT_BITS
+                                       for v in (x.start, x.stop, x.step)):
+            return f"<{t.__name__} with bounds of more than {_SHOWN_INT_BITS} bits>"
+        if t is fractions.Fraction and max(abs(x.numerator).bit_length(),
+                                           x.denominator.bit_length()) > _SHOWN_INT_BITS:
+            return (f"<Fraction of {abs(x.numerator).bit_length()}/{x.denominator.bit_length()} "
+                    "bits>")
         if isinstance(x, BaseException):
             args = ", ".join(self.repr1(a, level - 1) for a in x.args[:3])
             return f"{t.__name__}({args})"
@@ -1032,6 +1534,19 @@ class _SafeRepr(reprlib.Repr):
         if isinstance(x, collections.deque) and x.maxlen is not None:
             return f"{self.repr_deque(x, level)[:-1]}, maxlen={x.maxlen})"
         return super().repr1(x, level)
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        """Like reprlib's ``repr_str``: never the repr of the whole value (reprlib has none)."""
+        text = repr(x[: self.maxstring])
+        if len(text) > self.maxstring:
+            i = max(0, (self.maxstring - 3) // 2)
+            j = max(0, self.maxstring - 3 - i)
+            text = repr(x[:i] + x[len(x) - j:])
+            text = text[:i] + self.fillvalue + text[len(text) - j:]
+        return text
+
+    def repr_bytearray(self, x: bytearray, level: int) -> str:
+        return f"bytearray({self.repr_bytes(bytes(x[: 2 * self.maxstring]), level)})"
 
     def repr_mapping(self, x: Any, level: int, items: list[tuple[Any, Any]]) -> str:
         """``{k: v, ...}`` of ``items`` in the order given (reprlib sorts keys)."""
@@ -1452,11 +1967,29 @@ def _request_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
 
 
 def _effect_call(fields: dict[str, Any], r: Callable[[Any], str]) -> str:
-    name = str(fields.get("name", "?")).rpartition(":")[2]
+    got = fields.get("name", "?")
+    name = (got if isinstance(got, str) else r(got)).rpartition(":")[2]
     args = got_args if isinstance(got_args := fields.get("args"), tuple) else ()
     kwargs = got_kwargs if isinstance(got_kwargs := fields.get("kwargs"), dict) else {}
     parts = [r(a) for a in args] + [f"{k}={r(v)}" for k, v in kwargs.items()]
     return f"{name}({', '.join(parts)})"
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` may go into the JSON document as it is (a huge int would not print)."""
+    if type(value) is int:
+        return value.bit_length() <= 64
+    return isinstance(value, (str, float, bool, type(None)))
+
+
+def _when(value: Any) -> str | None:
+    """A timestamp as local time, or None if ``value`` is not one."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        return datetime.datetime.fromtimestamp(value).isoformat(sep=" ", timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def describe_request(obj: Any, *, unsafe: bool = False) -> Awaiting | None:
@@ -1484,35 +2017,25 @@ def describe_request(obj: Any, *, unsafe: bool = False) -> Awaiting | None:
         return Awaiting("checkpoint", "at an explicit tcc.checkpoint()", {})
     if cls == "WaitRequest":
         detail = {k: f.get(k) for k in ("name", "kind", "prompt", "wait_id", "timeout", "deadline")}
-        detail = {k: v if isinstance(v, (str, int, float, type(None))) else r(v) for k, v in detail.items()}
+        detail = {k: v if _plain(v) else r(v) for k, v in detail.items()}
         if f.get("kind") == "approval":
             text = f"waiting for approval {r(f.get('prompt'))}"
         else:
             text = f"waiting for signal {r(f.get('name'))}"
-        if f.get("wait_id"):
-            text += f" (id {f['wait_id']})"
-        if isinstance(f.get("deadline"), (int, float)):
-            when = datetime.datetime.fromtimestamp(f["deadline"]).isoformat(sep=" ", timespec="seconds")
+        wait_id = f.get("wait_id")
+        if wait_id:
+            text += f" (id {wait_id if isinstance(wait_id, str) else r(wait_id)})"
+        when = _when(f.get("deadline"))
+        if when is not None:
             text += f", times out at {when}"
         return Awaiting("approval" if f.get("kind") == "approval" else "wait", text, detail)
     if cls == "SleepRequest":
         until = f.get("until")
-        if isinstance(until, (int, float)):
-            when = datetime.datetime.fromtimestamp(until).isoformat(sep=" ", timespec="seconds")
+        when = _when(until)
+        if when is not None:
             return Awaiting("sleep", f"sleeping until {when}", {"until": until})
         return Awaiting("sleep", "sleeping", {})
     return Awaiting("object", f"awaiting {safe_repr(obj, unsafe=unsafe)}", {})
-
-
-def _positions(code: types.CodeType, offset: int) -> tuple[int | None, tuple[int, int] | None]:
-    if offset < 0:
-        return code.co_firstlineno, None
-    for i, pos in enumerate(code.co_positions()):
-        if i == offset:
-            line, end_line, col, end_col = pos
-            cols = (col, end_col) if line == end_line and col is not None and end_col is not None else None
-            return line, cols
-    return None, None
 
 
 def _source_line(path: str | None, line: int | None) -> str | None:
@@ -1523,7 +2046,15 @@ def _source_line(path: str | None, line: int | None) -> str | None:
     return text.rstrip("\n") if text else None
 
 
-def _slot_kind(code: types.CodeType, index: int, name: str, names: list[str]) -> str:
+def _slot_names(code: AnyCode) -> list[str]:
+    """Names of ``localsplus``: locals, then cell-only variables, then free ones."""
+    names = list(code.co_varnames)
+    names += [c for c in code.co_cellvars if c not in code.co_varnames]
+    names += list(code.co_freevars)
+    return names
+
+
+def _slot_kind(code: AnyCode, index: int, name: str, names: list[str]) -> str:
     if index >= len(names) - len(code.co_freevars):
         return "free"
     if name in code.co_cellvars:
@@ -1533,7 +2064,11 @@ def _slot_kind(code: types.CodeType, index: int, name: str, names: list[str]) ->
     return "arg" if index < nargs else "local"
 
 
-def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool) -> tuple[FrameInfo, types.CodeType | None]:
+Readable = Callable[[str], bool]
+
+
+def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool,
+                    readable: Readable) -> tuple[FrameInfo, AnyCode | None]:
     notes: list[str] = []
     module = frame.module
     qualname = frame.func_qualname
@@ -1542,10 +2077,17 @@ def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool) -> tuple[Fr
     current: types.CodeType | None = None
     path: str | None = None
     compile_problem: str | None = None
+    # The module's source as the import system finds it (.py files only) is
+    # readable; any other file only if ``readable`` says it belongs to the run.
+    located = locate(module) if module is not None else None
+
+    def may_read(candidate: str | None) -> bool:
+        return bool(candidate) and (candidate == located or readable(str(candidate)))
 
     if module is not None and not (frame.live is not None and captured is not None):
-        path = locate(module)
-        if path is None and captured is not None and os.path.isfile(captured.co_filename):
+        path = located
+        if path is None and captured is not None and may_read(captured.co_filename) \
+                and os.path.isfile(captured.co_filename):
             path = captured.co_filename
         if path is not None:
             mod_code = compile_file(path)
@@ -1571,6 +2113,7 @@ def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool) -> tuple[Fr
             notes.append(f"{qualname} no longer exists in {path}")
 
     # The code whose offsets the record refers to (or the best stand-in).
+    code: AnyCode | None
     if captured is not None and (current is None or code_changed):
         code = captured
         if current is None and captured.co_filename and path is None:
@@ -1593,17 +2136,22 @@ def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool) -> tuple[Fr
     columns: tuple[int, int] | None = None
     if code is not None:
         if code_changed and frame.by_reference:
-            line = code.co_firstlineno
+            line = code.co_firstlineno or None
         else:
-            line, columns = _positions(code, offset)
+            line, columns = code_line(code, offset)
         if path is None:
-            path = code.co_filename
-    source = _source_line(path, line)
+            path = code.co_filename or None
+    source: str | None = None
+    if path and line:
+        if may_read(path):
+            source = _source_line(path, line)
+        elif os.path.isfile(path):
+            notes.append(f"source not shown: {path} is not one of this run's files")
     if code_changed and frame.by_reference:
         columns = None
 
     slots = frame.slots
-    names = _frames.slot_names(code) if code is not None else []
+    names = _slot_names(code) if code is not None else []
     nnames = min(len(names), len(slots))
     locals_: list[Local] = []
     for i in range(nnames):
@@ -1652,7 +2200,7 @@ def _describe_frame(frame: FrameView, locate: Locator, unsafe: bool) -> tuple[Fr
     return info, code
 
 
-def _resume_kind(code: types.CodeType | None, offset: int) -> str | None:
+def _resume_kind(code: AnyCode | None, offset: int) -> str | None:
     """'yield', 'yield from' or 'await' for the RESUME after the YIELD_VALUE at ``offset``."""
     if code is None or offset < 0:
         return None
@@ -1662,15 +2210,20 @@ def _resume_kind(code: types.CodeType | None, offset: int) -> str | None:
     return {1: "yield", 2: "yield from", 3: "await"}.get(raw[2 * offset + 3] & 3)
 
 
-def describe(root: Any, locate: Locator | None = None, *, unsafe: bool = False) -> tuple[list[FrameInfo], Awaiting | None]:
+def describe(root: Any, locate: Locator | None = None, *, unsafe: bool = False,
+             readable: Readable | None = None) -> tuple[list[FrameInfo], Awaiting | None]:
     """Frames of the await chain under ``root`` (outermost first) and what it awaits.
 
     ``locate(module)`` returns the source file of a module captured by
     reference (default: :func:`find_module_file`); it must not import it.
+    Source lines are read only from files ``locate`` returned and from files
+    ``readable(path)`` accepts (the run's own; default: none): a snapshot's
+    code names its own file, and must not make inspect print another one.
     tcc's own request frames (``EffectRequest.__await__`` ...) are folded into
     the :class:`Awaiting` description.
     """
     locate = locate or find_module_file
+    readable = readable or (lambda _path: False)
     frames: list[FrameInfo] = []
     seen: set[int] = set()
     obj: Any = root
@@ -1683,7 +2236,7 @@ def describe(root: Any, locate: Locator | None = None, *, unsafe: bool = False) 
             request = next((s for s in frame.slots if _request_fields(s) is not None), None)
             if request is not None:
                 return frames, describe_request(request, unsafe=unsafe)
-        info, code = _describe_frame(frame, locate, unsafe)
+        info, code = _describe_frame(frame, locate, unsafe, readable)
         frames.append(info)
         if frame.state != _frames.SUSPENDED or not frame.slots:
             break

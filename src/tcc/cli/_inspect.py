@@ -3,8 +3,13 @@
 The snapshot is read with :mod:`tcc.capture._inspect`'s restricted unpickler:
 nothing is resumed, the agent's script is not imported and no user code runs
 (``--unsafe-repr`` imports the script, loads the snapshot normally and uses
-real reprs).  The module globals a snapshot holds (the run state's 7th item)
-are shown after the stack, with the same safe reprs as the locals.
+real reprs: any code in the snapshot runs, which is why the CLI asks first).
+The module globals a snapshot holds (the run state's 7th item) are shown
+after the stack, with the same safe reprs as the locals.
+
+A snapshot is treated as untrusted data: source lines are read only from the
+run's own files (see :func:`_readable`), and every text it contributes is
+printed through :func:`tcc.cli._render.clean`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ..capture import load_payload, unseal
 from ..runtime import _scripts
 from ..runtime._driver import STATE_TAG
 from ..store import RunInfo, SnapshotInfo, Store
+from ._render import clean
 
 # Generators loaded for --unsafe-repr are kept alive: collecting a suspended
 # coroutine would close it, running its `finally` blocks.
@@ -44,6 +50,27 @@ def _locator(run: RunInfo) -> insp.Locator:
         return insp.find_module_file(module, (folder,))
 
     return locate
+
+
+def _readable(run: RunInfo) -> insp.Readable:
+    """Which files inspect may print source lines of: the run's script and the ``.py``
+    files under its directory (a snapshot's code names its own file, and must not
+    make inspect print, say, /etc/passwd).  Modules found by import rules are
+    readable too (:func:`tcc.capture._inspect.describe`)."""
+    path, _func = _scripts.split_entry(run.entry)
+    folder = os.path.realpath(os.path.dirname(path))
+
+    def readable(candidate: str) -> bool:
+        if not candidate.endswith(".py"):
+            return False
+        real = os.path.realpath(candidate)
+        try:
+            inside = os.path.commonpath([real, folder]) == folder
+        except ValueError:  # another drive
+            return False
+        return inside and os.path.isfile(real)
+
+    return readable
 
 
 def _pick_snapshot(store: Store, run_id: str, at: int | None) -> tuple[SnapshotInfo, bytes, list[int], list[str]]:
@@ -150,7 +177,7 @@ def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, un
                 f"run {run_id}: snapshot {info.number} cannot be read: {type(exc).__name__}: {exc}"
             ) from exc
     coro, pending, calls, waits, module_globals = _split_state(state, run_id, info.number)
-    frames, awaiting = insp.describe(coro, _locator(run), unsafe=unsafe)
+    frames, awaiting = insp.describe(coro, _locator(run), unsafe=unsafe, readable=_readable(run))
     doc = {
         "run": run_id,
         "status": run.status,
@@ -250,49 +277,51 @@ def _render(doc: dict[str, Any], frames: list[insp.FrameInfo], awaiting: insp.Aw
     out: list[str] = []
     others = [n for n in doc["snapshots"] if n != doc["snapshot"]]
     head = (
-        f"{s.bold('run')} {s.name(doc['run'])}  {s.dim('·')}  {doc['status']}  {s.dim('·')}  "
-        f"{s.bold('snapshot')} {s.num(str(doc['snapshot']))}"
+        f"{s.bold('run')} {s.name(clean(doc['run']))}  {s.dim('·')}  {clean(doc['status'])}  "
+        f"{s.dim('·')}  {s.bold('snapshot')} {s.num(str(doc['snapshot']))}"
     )
     if others:
         head += s.dim(f" (also retained: {', '.join(map(str, others))})")
     out.append(head)
     out.append(s.dim(
-        f"{doc['entry']}  ·  taken {_when(doc['taken'])}  ·  {doc['journal_len']} journal records  ·  "
+        f"{clean(doc['entry'])}  ·  taken {_when(doc['taken'])}  ·  {doc['journal_len']} journal records  ·  "
         f"{doc['size']} bytes" + ("  ·  real reprs (--unsafe-repr)" if doc["unsafe_repr"] else "")
     ))
     for note in doc["notes"]:
-        out.append(s.bad("! ") + note)
+        out.append(s.bad("! ") + clean(note))
     out.append("")
     out.append(s.bold("Frozen call stack (most recent call last):"))
     for f in frames:
         out.extend(_render_frame(f, s))
     if awaiting is not None:
         marker = "⏸ " if awaiting.kind in ("approval", "wait", "sleep") else "→ "
-        out.append(f"  {s.bold(marker + awaiting.text)}")
+        out.append(f"  {s.bold(marker + clean(awaiting.text))}")
     if doc["pending"]:
-        out.append(s.dim(f"  ({doc['pending']})"))
+        out.append(s.dim(f"  ({clean(doc['pending'])})"))
     if not frames:
         out.append(s.dim("  (no suspended frames)"))
     if doc["globals"]:
         out.append("")
         out.append(s.bold("Module globals:"))
         for module, values in doc["globals"].items():
-            out.append(f"  {s.name(module)}")
-            width = min(max((len(name) for name in values), default=0), 18)
+            out.append(f"  {s.name(clean(module))}")
+            width = min(max((len(clean(name)) for name in values), default=0), 18)
             for name, value in values.items():
-                out.append(f"    {s.dim('│')} {s.var(name.ljust(width))} = {value}")
+                out.append(f"    {s.dim('│')} {s.var(clean(name).ljust(width))} = {clean(value)}")
     return "\n".join(out) + "\n"
 
 
 def _render_frame(f: insp.FrameInfo, s: _Style) -> list[str]:
     lines: list[str] = []
-    where = f'  File {s.file(chr(34) + (f.file or "?") + chr(34))}, line {s.num(str(f.line or "?"))}, in {s.name(f.qualname)}'
+    where = (f'  File {s.file(chr(34) + clean(f.file or "?") + chr(34))}, '
+             f'line {s.num(str(f.line or "?"))}, in {s.name(clean(f.qualname))}')
     if f.status != "suspended":
         where += s.dim(f"  [{f.status}]")
     lines.append(where)
     if f.source is not None:
-        stripped = f.source.lstrip()
-        indent = len(f.source) - len(stripped)
+        source = clean(f.source)
+        stripped = source.lstrip()
+        indent = len(source) - len(stripped)
         lines.append("    " + stripped)
         if f.columns is not None:
             start, end = f.columns
@@ -300,16 +329,16 @@ def _render_frame(f: insp.FrameInfo, s: _Style) -> list[str]:
             end = min(end - indent, len(stripped))
             if 0 <= start < end and end - start < len(stripped):
                 lines.append("    " + " " * start + s.caret("^" * (end - start)))
-    width = min(max((len(v.name) for v in f.locals), default=0), 18)
+    width = min(max((len(clean(v.name)) for v in f.locals), default=0), 18)
     bar = s.dim("│")
     for v in f.locals:
         tag = s.dim(" (cell)") if v.kind in ("cell", "free") else ""
-        value = s.dim(v.value) if v.unbound else v.value
-        lines.append(f"    {bar} {s.var(v.name.ljust(width))} = {value}{tag}")
+        value = s.dim(clean(v.value)) if v.unbound else clean(v.value)
+        lines.append(f"    {bar} {s.var(clean(v.name).ljust(width))} = {value}{tag}")
     if f.handling:
-        lines.append(f"    {bar} {s.dim('handling')} {f.handling}")
+        lines.append(f"    {bar} {s.dim('handling')} {clean(f.handling)}")
     if f.stack:
-        shown = ", ".join(f.stack)
+        shown = clean(", ".join(f.stack))
         if len(shown) > 100:
             shown = shown[:99] + "…"
         lines.append(f"    {bar} {s.dim('stack: ' + shown)}")
@@ -324,5 +353,5 @@ def _render_frame(f: insp.FrameInfo, s: _Style) -> list[str]:
             verdict = s.dim("current code not found")
         lines.append(f"    {s.dim(f'fingerprint {fp} ({how})')}  {verdict}")
     for note in f.notes:
-        lines.append(f"    {s.bad('!')} {note}")
+        lines.append(f"    {s.bad('!')} {clean(note)}")
     return lines

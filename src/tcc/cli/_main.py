@@ -51,8 +51,8 @@ def _check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value == "":
             raise UsageError("a run id cannot be empty")
-        if value is not None:
-            check_name("run id", value)  # UsageError naming it
+        if value is not None:  # UsageError naming it; a new id may not start with '-'
+            check_name("run id", value, new=name == "new_run_id" or args.command == "run")
     if hasattr(args, "tenant"):
         check_name("tenant", args.tenant)
         _store_keep()  # a bad $TCC_KEEP is a usage error before any store is opened
@@ -155,7 +155,12 @@ def _parser() -> argparse.ArgumentParser:
     insp.add_argument("run_id", metavar="RUN_ID")
     insp.add_argument("--at", type=int, default=None, metavar="N", help="snapshot number (default: newest)")
     insp.add_argument("--unsafe-repr", action="store_true",
-                      help="import the script and use the objects' own __repr__ (runs user code)")
+                      help="DANGEROUS: load the snapshot with the real unpickler, import the run's "
+                           "script and use the objects' own __repr__. This runs any code in the "
+                           "snapshot, as you: only for a store you trust. Asks you to type yes on a "
+                           "terminal; elsewhere it needs --yes")
+    insp.add_argument("--yes", action="store_true",
+                      help="with --unsafe-repr: do not ask (needed when stdin is not a terminal)")
     insp.set_defaults(handler=_cmd_inspect)
 
     worker = sub.add_parser("worker", help="supervise the store: resume dead, due and signalled runs")
@@ -175,6 +180,12 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="show one run: status, result, effects, checkpoints, events")
     _common(show)
     show.add_argument("run_id", metavar="RUN_ID")
+    paging = show.add_mutually_exclusive_group()
+    paging.add_argument("--calls", type=int, metavar="N",
+                        help=f"list the last N effect calls (default {_render.SHOWN_CALLS}, with "
+                             f"--json {_render.JSON_CALLS}); a long journal is read from its end only")
+    paging.add_argument("--all-calls", action="store_true",
+                        help="list every effect call and count them all (reads the whole journal)")
     show.set_defaults(handler=_cmd_show)
 
     gc = sub.add_parser("gc", help="apply snapshot retention, delete unreferenced chunks, optionally compact")
@@ -231,14 +242,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if runtime._runs.is_sync(func):
             strategy, notice = "replay", runtime._runs.SYNC_NOTICE
         if notice:
-            print(f"tcc: note: {notice}", file=sys.stderr)
+            print(f"tcc: note: {_render.clean(notice)}", file=sys.stderr)
         every = args.checkpoint_every or (10 if strategy == "hybrid" else 1)
         outcome = runtime.start(
             store, args.script, args.args, run_id=args.run_id, strategy=strategy,
             checkpoint_every=every, lease=args.lease, keep=args.keep,
             progress=_render.progress_printer(), wait_seconds=args.wait, verify=args.verify,
             on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
-            on_notice=lambda text: print(f"tcc: note: {text}", file=sys.stderr),
+            on_notice=lambda text: print(f"tcc: note: {_render.clean(text)}", file=sys.stderr),
         )
         return _render.outcome(outcome, as_json=args.json)
 
@@ -373,13 +384,33 @@ def _cmd_fork(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"id": child.run_id, "parent": args.run_id}))
     else:
-        print(child.run_id)
+        print(_render.clean(child.run_id))
     return 0
+
+
+def _confirm_unsafe_repr(args: argparse.Namespace) -> None:
+    """``--unsafe-repr`` unpickles for real: on a terminal the user types yes; elsewhere
+    only ``--yes`` allows it (UsageError otherwise)."""
+    if not args.unsafe_repr or args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(
+            "--unsafe-repr loads the snapshot with the real unpickler, which runs any code in "
+            "it; stdin is not a terminal to confirm on, so pass --yes to allow it (only for a "
+            "store you trust), or leave --unsafe-repr out for the safe view")
+    print("tcc inspect --unsafe-repr loads the snapshot with the real unpickler and imports the "
+          "run's script: any code in the snapshot runs, as you. Only do this with a store you "
+          "trust.", file=sys.stderr)
+    print("type yes to go on: ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if answer.strip().lower() != "yes":
+        raise UsageError("--unsafe-repr was not confirmed; nothing was loaded")
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from ._inspect import inspect_command
 
+    _confirm_unsafe_repr(args)
     with _open(args, create=False) as store:
         print(inspect_command(store, args.run_id, args.at, args.json, args.unsafe_repr))
     return 0
@@ -393,12 +424,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     new = not os.path.exists(os.path.join(path, "data.mdb"))
     with _open(args, create=True) as store:
         if new:  # a worker may start before any run, but a mistyped path should not pass unseen
-            print(f"tcc worker: there was no store at {path}, so an empty one was created; "
+            print(f"tcc worker: there was no store at {_render.clean(path)}, so an empty one was created; "
                   "waiting for runs there (if you expected runs, check --store and $TCC_STORE)",
                   file=sys.stderr, flush=True)
         worker = runtime.Worker(
             store, concurrency=args.concurrency, poll=args.poll,
-            log=lambda msg: print(msg, file=sys.stderr, flush=True),
+            log=lambda msg: print(_render.clean(msg), file=sys.stderr, flush=True),
         )
         return worker.serve(once=args.once)
 
@@ -409,13 +440,16 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         runs = store.list_runs(args.status, damaged=damaged)
         _render.run_list(runs, as_json=args.json)
     for run_id, why in damaged:  # list what is intact, then say what is not (exit 1)
-        print(f"tcc: error: run {run_id} is not listed: {why}", file=sys.stderr)
+        _render.say(f"tcc: error: run {run_id} is not listed: {why}", file=sys.stderr, newlines=False)
     return 1 if damaged else 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    if args.calls is not None and args.calls < 0:
+        raise UsageError(f"--calls must be at least 0, not {args.calls}")
+    calls = None if args.all_calls else -1 if args.calls is None else args.calls
     with _open(args, create=False) as store:
-        _render.run_detail(store, args.run_id, as_json=args.json)
+        _render.run_detail(store, args.run_id, as_json=args.json, calls=calls)
     return 0
 
 
@@ -446,7 +480,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"interpreter tag: {capture.interpreter_tag().decode()}")
     native = "available" if capture.native_available() else "NOT available (replay only)"
     print(f"native frame module: {native}")
-    print(f"default store: {os.environ.get('TCC_STORE') or os.path.abspath('.tcc')}")
+    print(f"default store: {_render.clean(os.environ.get('TCC_STORE') or os.path.abspath('.tcc'))}")
     return 0
 
 
@@ -471,7 +505,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
                   file: Any = None, line: str | None = None) -> None:
     """tcc's own warnings as one ``tcc: warning: ...`` line; others as Python shows them."""
     if category.__module__.startswith("tcc."):  # e.g. StoreSecurityWarning
-        text = str(message)
+        text = _render.clean(message, newlines=True)
         print(f"tcc: {text}" if text.startswith("warning:") else f"tcc: warning: {text}",
               file=file or sys.stderr)
         return
@@ -500,12 +534,12 @@ def _main(argv: Sequence[str] | None) -> int:
     except UsageError as exc:
         if args.debug:
             raise
-        print(f"tcc: error: {exc}", file=sys.stderr)
+        print(f"tcc: error: {_render.clean(exc)}", file=sys.stderr)
         return 2
     except TccError as exc:
         if args.debug:
             raise
-        print(f"tcc: error: {exc}", file=sys.stderr)
+        print(f"tcc: error: {_render.clean(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `tcc show RUN | head`: the reader left; not an error
         try:
@@ -519,6 +553,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as exc:  # noqa: BLE001 - a bug in tcc: one line, traceback on --debug
         if args.debug:
             raise
-        print(f"tcc: internal error ({type(exc).__name__}: {exc}); please report it, "
-              "with the output of the same command run with --debug", file=sys.stderr)
+        print(f"tcc: internal error ({type(exc).__name__}: {_render.clean(exc)}); "
+              "please report it, with the output of the same command run with --debug",
+              file=sys.stderr)
         return 1

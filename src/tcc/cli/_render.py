@@ -1,9 +1,17 @@
-"""How the CLI shows runs: human text on a terminal, or JSON with ``--json``."""
+"""How the CLI shows runs: human text on a terminal, or JSON with ``--json``.
+
+Everything a run, a snapshot or a store says -- script paths, errors, reasons,
+reprs, event details -- reaches the terminal through :func:`clean`, which
+escapes control characters, so that none of it can clear the screen, set the
+window title or reorder the text a reader sees.  JSON output is escaped by
+``json.dumps`` already.
+"""
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 from typing import Any, Callable
 
@@ -11,8 +19,32 @@ from ..runtime import _report
 from ..store import JournalRecord, RunInfo
 
 MARKERS = ("tcc:wait", "tcc:sleep")  # runtime._driver's WAIT_EFFECT, SLEEP_EFFECT
-SHOWN_CALLS = 50  # the text of `tcc show` lists the last this many calls; --json lists all
+SHOWN_CALLS = 50  # the text of `tcc show` lists the last this many calls (--calls N, --all-calls)
+JSON_CALLS = 1000  # ... and --json the last this many
+FULL_READ = 5000  # a journal of at most this many records is read whole (exact counts)
 REPR_LIMIT = 200  # characters of an argument list, a result or an error in the call listing
+
+# C0 controls (but newline), DEL, C1 controls, line and paragraph separators,
+# and the bidirectional marks, embeddings, overrides and isolates.
+_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
+                       "\u202a-\u202e\u2066-\u2069]")
+_CONTROLS_AND_NEWLINE = re.compile(_CONTROLS.pattern[:-1] + "\n]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def clean(text: object, *, newlines: bool = False) -> str:
+    """``text`` made safe to print on a terminal: control characters escaped as ``\\x1b``,
+    ``\\u202e``... (newlines too, unless ``newlines`` says a multi-line block is meant)."""
+    return (_CONTROLS if newlines else _CONTROLS_AND_NEWLINE).sub(_escape, str(text))
+
+
+def say(text: object = "", *, file: Any = None, newlines: bool = True) -> None:
+    """Print a line of human output (the newlines in it are kept, nothing else)."""
+    print(clean(text, newlines=newlines), file=file)
 
 
 def _when(ts: float) -> str:
@@ -38,7 +70,7 @@ def decode_error(blob: bytes | None) -> str | None:
 def started(run_id: str, *, resumed: bool, as_json: bool) -> None:
     verb = "resuming" if resumed else "run"
     stream = sys.stderr if as_json else sys.stdout
-    print(f"{verb} {run_id}", file=stream, flush=True)
+    print(f"{verb} {clean(run_id)}", file=stream, flush=True)
 
 
 def progress_printer() -> Callable[[str, Any], None] | None:
@@ -47,8 +79,8 @@ def progress_printer() -> Callable[[str, Any], None] | None:
 
     def show(what: str, driver: Any) -> None:
         line = (
-            f"\r\x1b[2K[{driver.run_id[:12]}] effects {driver.effects} · "
-            f"checkpoints {driver.checkpoints} · last {driver.last_effect.rpartition(':')[2]}"
+            f"\r\x1b[2K[{clean(driver.run_id[:12])}] effects {driver.effects} · "
+            f"checkpoints {driver.checkpoints} · last {clean(driver.last_effect.rpartition(':')[2])}"
         )
         sys.stderr.write(line)
         sys.stderr.flush()
@@ -66,29 +98,31 @@ def outcome(out: Any, *, as_json: bool) -> int:
             "replayed": out.replayed, "parked": out.parked,
         }))
     elif out.status == "completed":
-        print(f"completed: {json.dumps(_jsonable(out.result))}")
+        say(f"completed: {json.dumps(_jsonable(out.result))}")
     elif out.status == "waiting":
         info = out.parked or {}
         if info.get("child"):
             child = info["child"]
-            print(f"waiting for child run {child} ({info.get('child_status')}) -- see "
-                  f"`tcc show {child}`; once it has finished, `tcc resume {out.run_id}` (or "
-                  "`tcc worker`) continues this run")
+            say(f"waiting for child run {child} ({info.get('child_status')}) -- see "
+                f"`tcc show {child}`; once it has finished, `tcc resume {out.run_id}` (or "
+                "`tcc worker`) continues this run", newlines=False)
         elif info.get("kind") == "approval":
-            print(f"waiting for approval: {info.get('prompt')!r} -- answer with "
-                  f"`tcc approve {out.run_id}` or `tcc reject {out.run_id}`, then `tcc resume {out.run_id}`")
+            say(f"waiting for approval: {info.get('prompt')!r} -- answer with "
+                f"`tcc approve {out.run_id}` or `tcc reject {out.run_id}`, then `tcc resume {out.run_id}`",
+                newlines=False)
         else:
-            print(f"waiting for signal {info.get('name')!r} -- send it with "
-                  f"`tcc signal {out.run_id} {info.get('name')} --value JSON`, then `tcc resume {out.run_id}`")
+            say(f"waiting for signal {info.get('name')!r} -- send it with "
+                f"`tcc signal {out.run_id} {info.get('name')} --value JSON`, then `tcc resume {out.run_id}`",
+                newlines=False)
     elif out.status == "unverified":
-        print(f"unverified: {json.dumps(_jsonable(out.result))} -- {out.error}", file=sys.stderr)
+        say(f"unverified: {json.dumps(_jsonable(out.result))} -- {out.error}", file=sys.stderr)
     elif out.status == "stopped":
-        print(f"stopped after its last commit (SIGTERM); `tcc resume {out.run_id}` continues it")
+        say(f"stopped after its last commit (SIGTERM); `tcc resume {out.run_id}` continues it")
     elif out.status == "sleeping":
         until = (out.parked or {}).get("until", 0)
-        print(f"sleeping until {_when(until)} -- `tcc resume {out.run_id}` after that (or run `tcc worker`)")
+        say(f"sleeping until {_when(until)} -- `tcc resume {out.run_id}` after that (or run `tcc worker`)")
     else:
-        print(f"failed: {out.error}", file=sys.stderr)
+        say(f"failed: {out.error}", file=sys.stderr)
     return 1 if out.status in ("failed", "unverified") else 0
 
 
@@ -113,14 +147,14 @@ def run_list(runs: list[RunInfo], *, as_json: bool) -> None:
         return
     print(f"{'ID':<34} {'STATUS':<10} {'UPDATED':<19}  ENTRY")
     for r in sorted(runs, key=lambda r: r.created):
-        print(f"{r.run_id:<34} {r.status:<10} {_when(r.updated):<19}  {r.entry}")
+        print(f"{clean(r.run_id):<34} {clean(r.status):<10} {_when(r.updated):<19}  {clean(r.entry)}")
 
 
 def delivered(run_id: str, wait_id: str, *, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"id": run_id, "signal": wait_id, "delivered": True}))
     else:
-        print(f"delivered {wait_id} to run {run_id}")
+        say(f"delivered {wait_id} to run {run_id}", newlines=False)
 
 
 def cancelled(run: Any, before: Any, children: list[tuple[str, str]], *, as_json: bool) -> None:
@@ -129,9 +163,9 @@ def cancelled(run: Any, before: Any, children: list[tuple[str, str]], *, as_json
                           "epoch": run.epoch,
                           "children": [{"id": c, "was": was} for c, was in children]}))
     else:
-        print(f"cancelled run {run.run_id} (it was {before.status}; epoch {run.epoch})")
+        say(f"cancelled run {run.run_id} (it was {before.status}; epoch {run.epoch})", newlines=False)
         for child, was in children:
-            print(f"cancelled its child run {child} (it was {was})")
+            say(f"cancelled its child run {child} (it was {was})", newlines=False)
 
 
 def pending_waits(store: Any, run_id: str) -> list[dict[str, Any]]:
@@ -239,13 +273,49 @@ def _call_line(call: dict[str, Any]) -> str:
         what = f"raised {call['error']}"
     else:
         what = str(call["result"])
-    return (f"    {call['number']:>3}  {call['call']} -> {what}   attempt {call['attempt']}"
-            f"  {_duration(call['duration'])}").rstrip()
+    number = call["number"] if call["number"] is not None else f"@{call['seq']}"
+    return clean(f"    {number:>3}  {call['call']} -> {what}   attempt {call['attempt']}"
+                 f"  {_duration(call['duration'])}").rstrip()
 
 
-def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
+def _journal_length(store: Any, run_id: str) -> int | None:
+    """How many journal records the run has, from the store's count (None: this store
+    cannot say without reading the journal)."""
+    length = getattr(store, "journal_length", None)
+    return int(length(run_id)) if callable(length) else None
+
+
+def _journal_tail(store: Any, run_id: str, calls: int | None) -> tuple[list[JournalRecord], int]:
+    """(journal records, seq of the first) holding the last ``calls`` logical calls whole
+    (all records if ``calls`` is None or the journal is short).
+
+    Only the tail is read: from the end back as far as needed, growing the window
+    until it holds more than ``calls`` calls (the oldest one in it may have attempts
+    before the window; it is left out of the listing)."""
+    total = _journal_length(store, run_id) if calls is not None else None
+    if calls is None or total is None or total <= FULL_READ:
+        return store.journal(run_id), 0
+    window = 4 * (calls + 1)
+    while True:
+        start = max(0, total - window)
+        journal: list[JournalRecord] = store.journal(run_id, start)
+        if start == 0 or len(_logical_calls(journal)) > calls:
+            return journal, start
+        window *= 4
+
+
+def run_detail(store: Any, run_id: str, *, as_json: bool, calls: int | None = -1) -> None:
+    """Print ``tcc show``: the run, its last ``calls`` effect calls (None: all; -1: the
+    default, SHOWN_CALLS for text and JSON_CALLS for JSON), snapshots and events.
+
+    A long journal is read from its end only: the calls listed, not the whole
+    journal.  Then the calls before them are not counted, nor are the run's
+    effects (``--all-calls`` reads everything)."""
+    if calls == -1:
+        calls = JSON_CALLS if as_json else SHOWN_CALLS
     run = store.get_run(run_id)
-    journal = store.journal(run_id)
+    journal, start = _journal_tail(store, run_id, calls)
+    whole = start == 0
     snapshots = store.snapshots(run_id)
     events = store.events(run_id)
     completions = [r for r in journal if r.kind == "completion"]
@@ -256,9 +326,15 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
     checkpoints = max((s.number for s in snapshots if not s.damaged), default=0)
     done = {c.intent_seq: c for c in completions if c.intent_seq is not None}
     logical = _logical_calls(journal)
-    # the text lists the last SHOWN_CALLS calls: only those are read
-    listed = range(len(logical)) if as_json else range(max(0, len(logical) - SHOWN_CALLS), len(logical))
-    calls = [_call_doc(i + 1, logical[i], done) for i in listed]
+    if not whole:
+        logical = logical[1:]  # its first attempts may lie before the window
+    shown = len(logical) if calls is None else min(calls, len(logical))
+    listed = range(len(logical) - shown, len(logical))
+    numbered = [_call_doc(i + 1, logical[i], done) for i in listed]
+    if not whole:
+        for call in numbered:
+            call["number"] = None  # the calls before the window are not counted
+    journal_records = start + len(journal)
     error = _report.decode_error(run.error)
     doc = {
         "id": run.run_id,
@@ -272,7 +348,8 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         # the error's type, message and the agent's frames where it was raised, innermost last
         "error_detail": None if error is None else {k: error[k] for k in ("type", "message", "frames",
                                                                           "frames_omitted")},
-        "effects": len(done_keys),
+        # effects completed (None: not counted, the journal was only read from its end)
+        "effects": len(done_keys) if whole else None,
         "checkpoints": checkpoints,
         "epoch": run.epoch,
         "owner": f"{run.owner_host}:{run.owner_pid}",
@@ -287,43 +364,52 @@ def run_detail(store: Any, run_id: str, *, as_json: bool) -> None:
         "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size}
                       if not s.damaged else {"number": s.number, "damaged": True} for s in snapshots],
         "events": [{**dict(e.data), "kind": e.kind, "time": e.time, "data": dict(e.data)} for e in events],
-        # every journaled call (effects, and tcc:wait/sleep/spawn markers), oldest first
-        "calls": calls,
+        # the last journaled calls (effects, and tcc:wait/sleep/spawn markers), oldest first:
+        # --calls N of them (default 1000), or every one with --all-calls
+        "calls": numbered,
+        "journal_records": journal_records,
+        # calls before the listed ones (None: not counted, only the journal's end was read)
+        "calls_earlier": len(logical) - shown if whole else None,
     }
     if as_json:
         print(json.dumps(doc, default=repr))
         return
-    print(f"run {doc['id']}  [{doc['status']}]")
-    print(f"  entry      {doc['entry']} {' '.join(map(str, doc['args']))}")
+    say(f"run {doc['id']}  [{doc['status']}]", newlines=False)
+    say(f"  entry      {doc['entry']} {' '.join(map(str, doc['args']))}", newlines=False)
     gone = ("  (gone: `tcc resume` or a worker takes the run over)"
             if doc["owner_alive"] is False else "")
-    print(f"  strategy   {doc['strategy']}   epoch {doc['epoch']}   owner {doc['owner']}{gone}")
+    say(f"  strategy   {doc['strategy']}   epoch {doc['epoch']}   owner {doc['owner']}{gone}",
+        newlines=False)
     print(f"  created    {_when(run.created)}   updated {_when(run.updated)}")
-    print(f"  effects    {doc['effects']}   checkpoints {doc['checkpoints']}   "
-          f"snapshots kept {len(snapshots)}")
+    effects = doc["effects"] if whole else "(not counted: `tcc show --all-calls` reads the whole journal)"
+    say(f"  effects    {effects}   checkpoints {doc['checkpoints']}   snapshots kept {len(snapshots)}")
     if doc["result"] is not None:
         print(f"  result     {json.dumps(doc['result'])}")
     if doc["error"]:
-        print(f"  error      {doc['error']}")
+        say(f"  error      {doc['error']}")
         assert error is not None
         for line in _report.traceback_lines(error):
-            print(f"  {line}")
+            say(f"  {line}")
     for s in snapshots:
         if s.damaged:
             print(f"  damaged    snapshot {s.number} fails verification or its record is missing "
                   "(recovery skips it)")
     for child in doc["children"]:
-        print(f"  child      {child}")
+        say(f"  child      {child}", newlines=False)
     for w in doc["waits"]:
         what = f"approval {w.get('prompt')!r}" if w.get("kind") == "approval" else f"signal {w.get('name')!r}"
-        print(f"  waiting    {what} (id {w['id']}, signal {w['signal']})")
+        say(f"  waiting    {what} (id {w['id']}, signal {w['signal']})", newlines=False)
     if logical:
-        print(f"  calls      {len(logical)}")
-        if len(logical) > len(calls):
-            print(f"    … {len(logical) - len(calls)} earlier calls (`tcc show --json` lists all)")
-        for call in calls:
+        if whole:
+            print(f"  calls      {len(logical)}")
+            if shown < len(logical):
+                print(f"    … {len(logical) - shown} earlier calls (`tcc show --all-calls` lists all)")
+        else:
+            print(f"  calls      the last {shown} of a journal of {journal_records} records (numbered "
+                  "@journal record; `tcc show --all-calls` lists and counts them all)")
+        for call in numbered:
             print(_call_line(call))
     print("  events")
     for e in events:
         extra = " ".join(f"{k}={v}" for k, v in dict(e.data).items())
-        print(f"    {_when(e.time)}  {e.kind:<20} {extra}")
+        say(f"    {_when(e.time)}  {e.kind:<20} {extra}", newlines=False)

@@ -20,7 +20,6 @@ exits.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -179,8 +178,11 @@ class Worker:
             reason = due(self.store, run, now)
             if reason is None:
                 continue
+            # "--" before the run id, and --tenant=: a run id or tenant starting with "-"
+            # (older tcc allowed one; "-h" printed help and exited 0 every poll) is
+            # never read as an option
             args = [*self.command, "resume", "--store", self.store.path,
-                    "--tenant", self.store.tenant, run.run_id]
+                    f"--tenant={self.store.tenant}", "--", run.run_id]
             self.log(f"worker: resuming {run.run_id} ({reason})")
             err = tempfile.TemporaryFile()
             self.errs[run.run_id] = err

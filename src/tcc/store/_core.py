@@ -148,8 +148,9 @@ class StoreCore:
     def _dbs(self) -> dict[str, Any]:
         return self._h.dbs
 
-    def _rid(self, run_id: str) -> bytes:
-        return check_name("run id", run_id)
+    def _rid(self, run_id: str, *, new: bool = False) -> bytes:
+        """The key form of ``run_id``; ``new``: an id for a run being created (stricter)."""
+        return check_name("run id", run_id, new=new)
 
     def _corrupt(self, what: str, why: object) -> StoreCorruptError:
         return StoreCorruptError(

@@ -88,7 +88,7 @@ class LmdbStore(Maintenance):
         """Create a run owned by this process: epoch 1, status ``running``.
 
         ``keep``: the run's own snapshot retention (default: the store's)."""
-        rid = self._rid(uuid.uuid4().hex if run_id is None else run_id)
+        rid = self._rid(uuid.uuid4().hex if run_id is None else run_id, new=True)
         if keep is not None:
             check_int("keep", keep, 1)
         if not isinstance(entry, str) or not entry:

@@ -227,7 +227,7 @@ class Maintenance(StoreCore):
         past retention) while the fork exists.
         """
         src = self._rid(run_id)
-        new = self._rid(new_run_id or uuid.uuid4().hex)
+        new = self._rid(new_run_id or uuid.uuid4().hex, new=True)
         sp, np_ = prefix(self._t, src), prefix(self._t, new)
         dbs, sealer = self._dbs, self._sealer
 
