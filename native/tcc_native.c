@@ -28,6 +28,12 @@
  *              the exception being handled when the frame was suspended in
  *              an `except` block.  NULL is again the `null` marker.
  *   func       the function object the frame runs (read only).
+ *
+ * check_kinds() is a predicate for the Python flow analysis
+ * (tcc/capture/_flow.py), which knows which value-stack slots the bytecode
+ * uses without a type check but must not test them with isinstance(): it
+ * applies the interpreter's own type tests to the objects' real types.  It
+ * runs, like check_frame(), before any frame is written.
  */
 #include "tcc_compat.h"
 
@@ -304,6 +310,127 @@ validate_record(PyObject *obj, PyObject *code, int state, int offset,
     return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* check_kinds(slots, kinds, null, lasti_max) -> index of a bad slot, or -1   */
+/* ------------------------------------------------------------------------ */
+
+/* What a slot must hold because some instruction uses it without a type
+ * check (flags, shared with tcc/capture/_flow.py, which finds the slots by
+ * bytecode flow analysis).  These are the interpreter's own tests, applied to
+ * the object's real type: a `__class__` property or a metaclass `__getattr__`
+ * cannot fake them, which isinstance() or getattr(type(v), ...) would let
+ * them do. */
+enum {
+    TCC_KIND_ITER = 1 << 0,         /* FOR_ITER calls tp_iternext directly */
+    TCC_KIND_EXC = 1 << 1,          /* an exception instance */
+    TCC_KIND_EXC_OR_NONE = 1 << 2,  /* an exception instance or None */
+    TCC_KIND_LASTI = 1 << 3,        /* an exact int in [0, lasti_max] */
+    TCC_KIND_LIST = 1 << 4,         /* exact types: the interpreter casts */
+    TCC_KIND_SET = 1 << 5,
+    TCC_KIND_DICT = 1 << 6,
+    TCC_KIND_TUPLE = 1 << 7,
+    TCC_KIND_EXC_ITEMS = 1 << 8,    /* a list of exceptions or None (except*) */
+    TCC_KIND_ALL = (1 << 9) - 1,
+};
+
+static int
+is_exception_or_none(PyObject *v)
+{
+    return v == Py_None || PyExceptionInstance_Check(v);
+}
+
+/* 1 if `v` has every kind in `kinds`, 0 if not, -1 with an exception set. */
+static int
+has_kinds(PyObject *v, long kinds, long lasti_max)
+{
+    if ((kinds & TCC_KIND_ITER) && !PyIter_Check(v)) {
+        return 0;
+    }
+    if ((kinds & TCC_KIND_EXC) && !PyExceptionInstance_Check(v)) {
+        return 0;
+    }
+    if ((kinds & TCC_KIND_EXC_OR_NONE) && !is_exception_or_none(v)) {
+        return 0;
+    }
+    if (kinds & TCC_KIND_LASTI) {
+        if (!PyLong_CheckExact(v)) {
+            return 0;
+        }
+        int overflow;
+        long value = PyLong_AsLongAndOverflow(v, &overflow);
+        if (value == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (overflow || value < 0 || value > lasti_max) {
+            return 0;
+        }
+    }
+    if ((kinds & (TCC_KIND_LIST | TCC_KIND_EXC_ITEMS)) && !PyList_CheckExact(v)) {
+        return 0;
+    }
+    if ((kinds & TCC_KIND_SET) && !PySet_CheckExact(v)) {
+        return 0;
+    }
+    if ((kinds & TCC_KIND_DICT) && !PyDict_CheckExact(v)) {
+        return 0;
+    }
+    if ((kinds & TCC_KIND_TUPLE) && !PyTuple_CheckExact(v)) {
+        return 0;
+    }
+    if (kinds & TCC_KIND_EXC_ITEMS) {
+        /* Checking the items runs no Python code, so the list cannot change
+         * while it is walked. */
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(v); j++) {
+            if (!is_exception_or_none(PyList_GET_ITEM(v, j))) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+static PyObject *
+tcc_check_kinds(PyObject *module, PyObject *args)
+{
+    PyObject *slots, *kinds, *null_marker;
+    long lasti_max;
+    if (!PyArg_ParseTuple(args, "O!O!Ol:check_kinds", &PyTuple_Type, &slots,
+                          &PyTuple_Type, &kinds, &null_marker, &lasti_max)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(slots);
+    if (PyTuple_GET_SIZE(kinds) < n) {
+        n = PyTuple_GET_SIZE(kinds);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kinds, i);
+        if (!PyLong_CheckExact(k)) {
+            PyErr_SetString(PyExc_TypeError, "check_kinds() needs int kinds");
+            return NULL;
+        }
+        long want = PyLong_AsLong(k);
+        if (want == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (want < 0 || (want & ~(long)TCC_KIND_ALL)) {
+            PyErr_Format(PyExc_ValueError, "unknown slot kind %ld", want);
+            return NULL;
+        }
+        PyObject *v = PyTuple_GET_ITEM(slots, i);
+        if (want == 0 || v == null_marker) {
+            continue;  /* NULL slots are the flow analysis's business */
+        }
+        int ok = has_kinds(v, want, lasti_max);
+        if (ok < 0) {
+            return NULL;
+        }
+        if (!ok) {
+            return PyLong_FromSsize_t(i);
+        }
+    }
+    return PyLong_FromLong(-1);
+}
+
 #define RECORD_ARGS_FORMAT "OO!iiO!OO"
 
 static PyObject *
@@ -386,6 +513,10 @@ static PyMethodDef tcc_methods[] = {
     {"check_frame", tcc_check_frame, METH_VARARGS,
      "check_frame(gen, code, state, offset, slots, exc, null) -> None\n\n"
      "Validate a frame record against a fresh generator; write nothing."},
+    {"check_kinds", tcc_check_kinds, METH_VARARGS,
+     "check_kinds(slots, kinds, null, lasti_max) -> int\n\n"
+     "Index of the first slot that lacks a kind it needs (flags in kinds[i],\n"
+     "see KIND_*), or -1.  NULL slots and kind 0 are not checked."},
     {"write_frame", tcc_write_frame, METH_VARARGS,
      "write_frame(gen, code, state, offset, slots, exc, null) -> None\n\n"
      "Validate a frame record, then write it into a fresh generator."},
@@ -398,7 +529,16 @@ tcc_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "CREATED", TCC_CREATED) < 0 ||
         PyModule_AddIntConstant(m, "SUSPENDED", TCC_SUSPENDED) < 0 ||
         PyModule_AddIntConstant(m, "RUNNING", TCC_RUNNING) < 0 ||
-        PyModule_AddIntConstant(m, "FINISHED", TCC_FINISHED) < 0) {
+        PyModule_AddIntConstant(m, "FINISHED", TCC_FINISHED) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_ITER", TCC_KIND_ITER) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_EXC", TCC_KIND_EXC) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_EXC_OR_NONE", TCC_KIND_EXC_OR_NONE) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_LASTI", TCC_KIND_LASTI) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_LIST", TCC_KIND_LIST) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_SET", TCC_KIND_SET) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_DICT", TCC_KIND_DICT) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_TUPLE", TCC_KIND_TUPLE) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_EXC_ITEMS", TCC_KIND_EXC_ITEMS) < 0) {
         return -1;
     }
     /* The interpreter this was compiled for; checked at import so that a

@@ -11,6 +11,17 @@ test (the last mutant it started is written out for reproduction):
 * ``record``  -- frame records handed straight to ``_native.check_frame`` /
   ``write_frame`` with corrupted offsets, states, slot counts, cell slots and
   exception state.
+* ``structured`` -- structured slot substitutions through the public load
+  path (``load_payload``'s ``edit`` hook, the one ``tcc fork --set`` uses):
+  one value-stack slot of one frame of a suspended corpus program, or its
+  saved exception, is replaced by an object of a foreign type (int, tuple,
+  str, None, NULL, lists and sets and dicts, a real exception or iterator) or
+  a fake one (an ``int`` whose ``__class__`` property claims ``ValueError``
+  and whose digits hold an unmapped pointer, objects claiming ``list``,
+  ``dict`` or ``list_iterator``, an iterator class whose metaclass invents
+  ``__next__``, an int lying about its range).  Each mutant must be refused
+  with a ``RestoreError`` or, if loaded, run on (driven, thrown into or
+  closed) to a Python-level outcome.
 
 Sizes: ``TCC_FUZZ_MUTANTS`` per layer (default 300); the slow tier runs
 ``TCC_SLOW_FUZZ_MUTANTS`` per layer (default 30000).  Each layer prints one
@@ -94,6 +105,120 @@ if mode == "record":
             note("written")
         except (TypeError, ValueError, OverflowError) as e:
             note(type(e).__name__)
+elif mode == "structured":
+    import random
+    from tcc.capture import load_payload
+    rng = random.Random(int(sys.argv[3]))
+    count = int(sys.argv[4])
+
+    class FakeExc(int):
+        @property
+        def __class__(self):
+            return ValueError
+
+    # 30-bit digits whose 64-bit words read 0x00000bad00000010 where an
+    # exception keeps its args, notes, traceback, context and cause.
+    POINTERS = sum(d << (30 * i) for i, d in enumerate([1, 1] + [0x10, 0xBAD] * 4 + [1]))
+
+    class Claims:
+        def __init__(self, cls):
+            self._cls = cls
+
+        @property
+        def __class__(self):
+            return self._cls
+
+    class NextMeta(type):
+        def __getattr__(cls, name):
+            if name == "__next__":
+                return lambda self: 1
+            raise AttributeError(name)
+
+    class FakeIter(Claims, metaclass=NextMeta):
+        pass
+
+    class SneakyInt(int):
+        def __le__(self, other):
+            return True
+
+        __ge__ = __lt__ = __gt__ = __le__
+
+    pool = [
+        lambda: 5, lambda: -1, lambda: 2 ** 40, lambda: (1, 2), lambda: "s", lambda: None,
+        lambda: _records.NULL, lambda: [5], lambda: [], lambda: {}, lambda: set(),
+        lambda: ValueError("v"), lambda: iter(()), lambda: [FakeExc(POINTERS)],
+        lambda: FakeExc(POINTERS), lambda: Claims(ValueError), lambda: Claims(list),
+        lambda: Claims(dict), lambda: FakeIter(type(iter([]))), lambda: SneakyInt(10 ** 6),
+        lambda: SneakyInt(3),
+    ]
+    # The corpus: programs.py and test_flow.py's tricky programs (with,
+    # except*, comprehensions, match, calls with * and **...).  Targets: every
+    # value-stack slot (-1: the saved exception) of every suspension point
+    # (code, offset) met in the chains of the seeds.  Each round of
+    # len(targets) mutants substitutes every target once, in random order.
+    import test_flow
+    corpus = {**programs.PROGRAMS, **test_flow.TRICKY}
+    seeds, targets, met = [], [], set()
+    for name in sorted(corpus):
+        trace, _ = programs.drive(corpus[name]())
+        for k in sorted({1, len(trace) // 2, len(trace)} - {0}):
+            task = corpus[name]()
+            pending = programs.advance(task, k)
+            seeds.append((tcc.capture.dump_payload(task), pending))
+            keep.append(task)
+            gen = task
+            while isinstance(gen, _frames.GENERATOR_TYPES):
+                code = _frames.code_of(gen)
+                state, offset, slots, _exc, _func = _native.read_frame(gen, _records.NULL)
+                if (code, offset) not in met and state == _frames.SUSPENDED:
+                    met.add((code, offset))
+                    depth = len(slots) - len(_frames.slot_names(code))
+                    targets += [(len(seeds) - 1, code, offset, at) for at in range(-1, depth)]
+                gen = getattr(gen, "cr_await", None) or getattr(gen, "gi_yieldfrom", None)
+    print(f"{len(targets)} targets", file=sys.stderr)
+    order = []
+    for i in range(count):
+        if not order:
+            order = list(targets)
+            rng.shuffle(order)
+        seed, code, offset, at = order.pop()
+        payload, pending = seeds[seed]
+        value = rng.choice(pool)()
+
+        def edit(obj, records, code=code, offset=offset, at=at, value=value):
+            # (==: a nested function travels by value, with a copy of its code)
+            j = next(j for j, (g, r) in enumerate(records)
+                     if _frames.code_of(g) == code and r[1:3] == (_frames.SUSPENDED, offset))
+            gen, (version, state, off, slots, exc, name, qualname) = records[j]
+            nlp = len(_frames.slot_names(code))
+            slots = list(slots)
+            if at < 0:
+                exc = value
+            else:
+                slots[nlp + at] = value
+            records[j] = (gen, (version, state, off, tuple(slots), exc, name, qualname))
+
+        print(i, flush=True)
+        try:
+            task = load_payload(payload, edit=edit)
+        except tcc.RestoreError as e:
+            note(type(e).__name__)
+            continue
+        except Exception as e:  # a non-tcc error at load is a finding, but not a crash
+            note("other:" + type(e).__name__)
+            continue
+        keep.append(task)
+        how = rng.choice(("drive", "drive", "throw", "close"))  # resuming reaches most uses
+        try:
+            if how == "drive":
+                programs.drive(task, first=pending, limit=40)
+            elif how == "throw":
+                task.throw(KeyError("fuzz"))
+            else:
+                task.close()
+            note("ran")
+        except BaseException:  # noqa: BLE001 - any Python-level outcome is fine
+            note("ran-raised")
 else:
     for i, line in enumerate(open(path)):
         print(i, flush=True)
@@ -223,6 +348,15 @@ def test_corrupted_frame_records_are_rejected_or_written_safely(tmp_path):
     assert outcomes.get("ValueError", 0) > 0 and outcomes.get("TypeError", 0) > 0, outcomes
 
 
+def test_structured_slot_substitutions_never_crash(tmp_path):
+    """Foreign-typed and fake-`__class__` objects in value-stack slots are refused or run cleanly, never crash."""
+    outcomes = run_child(tmp_path, "structured", "-", "4242", str(MUTANTS))
+    assert sum(outcomes.values()) == MUTANTS, outcomes
+    assert outcomes.get("CorruptSnapshotError", 0) > 0, outcomes
+    assert outcomes.get("ran", 0) + outcomes.get("ran-raised", 0) > 0, outcomes
+    assert not any(key.startswith("other:") for key in outcomes), outcomes
+
+
 @pytest.mark.slow
 def test_large_fuzz_campaign(seeds, tmp_path, monkeypatch):
     """The slow tier: TCC_SLOW_FUZZ_MUTANTS (default 30000) mutants per layer."""
@@ -230,6 +364,7 @@ def test_large_fuzz_campaign(seeds, tmp_path, monkeypatch):
     test_mutated_sealed_blobs_are_all_refused(seeds, tmp_path)
     test_mutated_payloads_never_crash_the_loader(seeds, tmp_path)
     test_corrupted_frame_records_are_rejected_or_written_safely(tmp_path)
+    test_structured_slot_substitutions_never_crash(tmp_path)
 
 
 class _FillAgain:

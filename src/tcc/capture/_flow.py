@@ -14,12 +14,24 @@ interpreter when a restored frame resumes (or is closed):
   3.11's ``LOAD_METHOD``, 3.12+'s ``LOAD_FAST_AND_CLEAR``), and in a plain
   local only if no path from the resumption point reaches an *unchecked*
   load of it (3.12+: ``LOAD_FAST``, ``LOAD_FAST_LOAD_FAST``,
-  ``STORE_FAST_LOAD_FAST``) before a store.
+  ``STORE_FAST_LOAD_FAST``) before a store;
+* the **kind of object** in a value-stack slot matters wherever an
+  instruction uses it without a type check: ``LIST_APPEND`` casts its list,
+  ``MAP_ADD`` its dict, ``FOR_ITER`` calls its iterator's ``tp_iternext``,
+  ``POP_EXCEPT``/``RERAISE``/``WITH_EXCEPT_START`` trust their exceptions,
+  and so on (see ``_consumes``).  Each stack slot is labelled with the
+  instruction (and output) that produced its value; an instruction that
+  trusts a slot's type imposes that type on the slot's label, and so does a
+  producer whose result has a known exact type (``BUILD_LIST`` makes a list,
+  an exception handler is entered with an exception).  The slots of a record
+  must then have those kinds, tested by the interpreter's own checks on the
+  object's real type (``tcc._native.check_kinds``), never by ``isinstance``,
+  which a ``__class__`` property fools.
 
-:func:`check_record_shape` checks both.  The per-code analysis (an abstract
-interpretation of ``dis.get_instructions`` plus the exception table, using
-``dis.stack_effect`` exactly like the compiler's own stack-depth pass) is
-cached, so a check is a dictionary lookup and a pass over the slots.
+:func:`check_record_shape` checks all three.  The per-code analysis (an
+abstract interpretation of ``dis.get_instructions`` plus the exception table,
+using ``dis.stack_effect`` exactly like the compiler's own stack-depth pass)
+is cached, so a check is a dictionary lookup and a pass over the slots.
 
 Soundness comes first: a record read from a real suspended frame is never
 rejected.  Wherever the analysis cannot decide (an opcode ``dis`` does not
@@ -33,7 +45,10 @@ from __future__ import annotations
 import dis
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
+
+from . import _frames
 
 __all__ = ["check_record_shape", "expected_stack_depth"]
 
@@ -95,15 +110,194 @@ _YIELD_VALUE = _op("YIELD_VALUE")
 # (``o.append(x)`` with ``o = list`` after a few list ``o`` segfaults in pure
 # Python).  A NULL self next to ``list.append`` is therefore refused on 3.13.
 _LIST_APPEND = list.append
-_GET_ITER = _op("GET_ITER")
 _GET_ANEXT = _op("GET_ANEXT")
-_FOR_ITER = _op("FOR_ITER")
 _PUSH_EXC_INFO = _op("PUSH_EXC_INFO")
 _EXTENDED_ARG = _op("EXTENDED_ARG")
 
 # Loads of plain locals that dereference without a NULL check exist only on
 # 3.12+ (3.11's LOAD_FAST raises UnboundLocalError on NULL).
 _UNCHECKED_LOADS = _PY >= (3, 12)
+
+
+# ------------------------------------------------------------- slot kinds
+
+# What a slot must hold because an instruction uses it without a type check.
+# Flags with the values of tcc._native's KIND_* (its check_kinds() tests them
+# with the interpreter's own checks; _kinds_ok() below is the fallback).
+KIND_ITER = 1  # PyIter_Check: FOR_ITER calls tp_iternext directly
+KIND_EXC = 2  # an exception instance (PyExceptionInstance_Check)
+KIND_EXC_OR_NONE = 4
+KIND_LASTI = 8  # an exact int inside the code: RERAISE jumps to it
+KIND_LIST = 16  # exact types: the interpreter casts the object
+KIND_SET = 32
+KIND_DICT = 64
+KIND_TUPLE = 128
+KIND_EXC_ITEMS = 256  # a list of exceptions or None: what except* re-raises
+
+_KIND_WORDS = (
+    (KIND_EXC_ITEMS, "a list of exceptions or None"),
+    (KIND_ITER, "an iterator"),
+    (KIND_EXC, "an exception"),
+    (KIND_EXC_OR_NONE, "an exception or None"),
+    (KIND_LASTI, "an int offset inside the code"),
+    (KIND_LIST, "a list"),
+    (KIND_SET, "a set"),
+    (KIND_DICT, "a dict"),
+    (KIND_TUPLE, "a tuple"),
+)
+
+# Labels: who produced the value in a stack slot.  An instruction's outputs
+# are (index << _OUT_BITS) | output; what unwinding pushes before a handler
+# runs counts as two more outputs of the handler's first instruction.
+_UNKNOWN = -1  # paths that meet disagree: no one producer
+_OUT_BITS = 20
+_OUT_EXC = (1 << _OUT_BITS) - 1  # the exception a handler is entered with
+_OUT_LASTI = (1 << _OUT_BITS) - 2  # the offset a handler with "lasti" gets below it
+
+
+def _label(index: int, output: int) -> int:
+    return (index << _OUT_BITS) | output if output < _OUT_LASTI else _UNKNOWN
+
+
+# How many slots an instruction consumes from the top of the stack: the rest
+# of its stack effect is what it pushes, each a new value labelled with it.
+# Counting a slot that an instruction leaves alone as consumed only renames
+# its value (its kind then comes from the instructions that use it), so
+# when in doubt a count errs upwards; an instruction named nowhere here is
+# taken to consume the whole stack.  From the interpreters' bytecodes.c
+# (3.12, 3.13; ceval.c in 3.11); calls, method loads, COPY, SWAP and pushes of
+# NULL are handled by their _kind.
+_POPS: dict[str, Callable[[int], int]] = {}
+for _name in ("UNARY_POSITIVE", "UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "TO_BOOL",
+              "GET_ITER", "GET_AITER", "GET_AWAITABLE", "GET_YIELD_FROM_ITER", "LIST_TO_TUPLE",
+              "ASYNC_GEN_WRAP", "YIELD_VALUE", "CALL_INTRINSIC_1", "FORMAT_SIMPLE",
+              "CONVERT_VALUE", "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_FROM_DICT_OR_DEREF",
+              "STORE_FAST_LOAD_FAST", "UNPACK_SEQUENCE", "UNPACK_EX", "BEFORE_WITH",
+              "BEFORE_ASYNC_WITH", "LOAD_ATTR", "LOAD_METHOD",
+              "PUSH_EXC_INFO",  # (exc -- previous, exc): _step keeps exc's label
+              "CHECK_EXC_MATCH"):  # (left, right -- left, match): only right is replaced
+    _POPS[_name] = lambda arg: 1
+for _name in ("BINARY_SUBSCR", "BINARY_OP", "COMPARE_OP", "IS_OP", "CONTAINS_OP",
+              "CALL_INTRINSIC_2", "IMPORT_NAME", "PREP_RERAISE_STAR", "CHECK_EG_MATCH",
+              "END_SEND", "FORMAT_WITH_SPEC", "SET_FUNCTION_ATTRIBUTE"):
+    _POPS[_name] = lambda arg: 2
+for _name in ("BINARY_SLICE", "MATCH_CLASS", "CLEANUP_THROW", "LOAD_SUPER_ATTR"):
+    _POPS[_name] = lambda arg: 3
+for _name in ("BUILD_TUPLE", "BUILD_LIST", "BUILD_SET", "BUILD_STRING", "BUILD_SLICE"):
+    _POPS[_name] = lambda arg: arg
+_POPS["BUILD_MAP"] = lambda arg: 2 * arg
+_POPS["BUILD_CONST_KEY_MAP"] = lambda arg: arg + 1
+_POPS["FORMAT_VALUE"] = lambda arg: 2 if arg & 4 else 1  # FVS_HAVE_SPEC
+if _PY >= (3, 13):
+    _POPS["MAKE_FUNCTION"] = lambda arg: 1  # gh-104584: attributes moved to SET_FUNCTION_ATTRIBUTE
+else:
+    _POPS["MAKE_FUNCTION"] = lambda arg: 1 + (arg & 15).bit_count()
+
+# Instructions that only push or only pop: they consume max(0, -effect).
+_PUSH_OR_POP = frozenset((
+    "NOP", "RESUME", "CACHE", "EXTENDED_ARG", "POP_TOP", "END_FOR", "LOAD_CONST",
+    "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_CLOSURE", "LOAD_DEREF",
+    "LOAD_CLASSDEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_BUILD_CLASS", "LOAD_ASSERTION_ERROR",
+    "LOAD_LOCALS", "RETURN_CONST", "RETURN_VALUE", "STORE_FAST", "STORE_FAST_STORE_FAST",
+    "STORE_DEREF", "STORE_GLOBAL", "STORE_NAME", "STORE_ATTR", "STORE_SUBSCR", "STORE_SLICE",
+    "DELETE_FAST", "DELETE_DEREF", "DELETE_GLOBAL", "DELETE_NAME", "DELETE_ATTR",
+    "DELETE_SUBSCR", "POP_EXCEPT", "RAISE_VARARGS", "RERAISE", "PRINT_EXPR", "IMPORT_STAR",
+    "SETUP_ANNOTATIONS", "MAKE_CELL", "COPY_FREE_VARS", "KW_NAMES", "LIST_APPEND", "SET_ADD",
+    "LIST_EXTEND", "SET_UPDATE", "MAP_ADD", "DICT_UPDATE", "DICT_MERGE", "END_ASYNC_FOR",
+    "EXIT_INIT_CHECK", "GET_LEN", "MATCH_MAPPING", "MATCH_SEQUENCE", "MATCH_KEYS",
+    "IMPORT_FROM", "GET_ANEXT", "WITH_EXCEPT_START", "FOR_ITER", "JUMP_FORWARD",
+    "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_IF_FALSE_OR_POP",
+    "JUMP_IF_TRUE_OR_POP", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE",
+    "POP_JUMP_IF_NOT_NONE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE",
+    "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_FALSE",
+    "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE",
+    "PRECALL",  # 3.11: the model pops its arguments here, CALL pops the rest
+))
+
+
+def _pops(name: str, arg: int, effect: int) -> int | None:
+    """Slots consumed by a generic instruction (None: not known, assume all)."""
+    if name == "SEND":  # (receiver, value -- receiver, result); 3.11's jump also pops the receiver
+        return 1 + max(0, -effect)
+    fn = _POPS.get(name)
+    if fn is not None:
+        return fn(arg)
+    if name in _PUSH_OR_POP:
+        return max(0, -effect)
+    return None
+
+
+if _PY >= (3, 12):
+    _INTRINSIC_LIST_TO_TUPLE = dis._intrinsic_1_descs.index("INTRINSIC_LIST_TO_TUPLE")  # type: ignore[attr-defined]
+    _INTRINSIC_STOPITERATION_ERROR = dis._intrinsic_1_descs.index(  # type: ignore[attr-defined]
+        "INTRINSIC_STOPITERATION_ERROR")
+    _INTRINSIC_PREP_RERAISE_STAR = dis._intrinsic_2_descs.index(  # type: ignore[attr-defined]
+        "INTRINSIC_PREP_RERAISE_STAR")
+else:
+    _INTRINSIC_LIST_TO_TUPLE = _INTRINSIC_STOPITERATION_ERROR = _INTRINSIC_PREP_RERAISE_STAR = -1
+
+
+def _consumes(name: str, arg: int) -> tuple[tuple[int, int], ...]:
+    """(position from the top, kind) of each slot ``name`` uses without a type check.
+
+    From bytecodes.c (3.12, 3.13) and ceval.c (3.11).  Not listed, because the
+    interpreter checks the type: SET_ADD's PySet_Add, DICT_UPDATE/DICT_MERGE's
+    dict_merge, 3.11's LIST_TO_TUPLE, SEND and GET_AWAITABLE/GET_ANEXT's
+    receivers, CALL_FUNCTION_EX's arguments, BUILD_STRING's parts, callables
+    and the self of method calls (the specialisations test exact types before
+    they trust one: FOR_ITER_LIST, SEND_GEN, CALL_*...), except where NULL is
+    involved, which rule 2 covers.  Kinds stricter than needed (SET_ADD's set)
+    are given anyway where every real frame has them: they cost nothing.
+    """
+    if name in ("LIST_APPEND", "LIST_EXTEND"):
+        return ((arg, KIND_LIST),)
+    if name in ("SET_ADD", "SET_UPDATE"):
+        return ((arg, KIND_SET),)
+    if name == "MAP_ADD":  # (dict, unused[oparg - 1], key, value --)
+        return ((arg + 1, KIND_DICT),)
+    if name in ("DICT_UPDATE", "DICT_MERGE"):
+        return ((arg, KIND_DICT),)
+    if name == "LIST_TO_TUPLE":
+        return ((0, KIND_LIST),)
+    if name == "FOR_ITER":
+        return ((0, KIND_ITER),)
+    if name == "POP_EXCEPT":  # becomes the thread's handled exception unchecked
+        return ((0, KIND_EXC_OR_NONE),)
+    if name == "RERAISE":  # (values[oparg], exc --): values[0] is the lasti
+        return ((0, KIND_EXC), (arg, KIND_LASTI)) if arg else ((0, KIND_EXC),)
+    if name == "WITH_EXCEPT_START":  # (exit_func, lasti, prev_exc, val -- ..., res)
+        return ((0, KIND_EXC), (1, KIND_EXC_OR_NONE), (2, KIND_LASTI))
+    if name == "PUSH_EXC_INFO":
+        return ((0, KIND_EXC),)
+    if name in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH"):
+        return ((1, KIND_EXC),)
+    if name in ("END_ASYNC_FOR", "CLEANUP_THROW"):
+        return ((0, KIND_EXC),)
+    if name == "PREP_RERAISE_STAR":  # (orig, excs -- result)
+        return ((1, KIND_EXC), (0, KIND_EXC_ITEMS))
+    if name == "CALL_INTRINSIC_1":
+        if arg == _INTRINSIC_LIST_TO_TUPLE:  # 3.12+: reads ob_item without a check
+            return ((0, KIND_LIST),)
+        if arg == _INTRINSIC_STOPITERATION_ERROR:
+            return ((0, KIND_EXC),)
+    if name == "CALL_INTRINSIC_2" and arg == _INTRINSIC_PREP_RERAISE_STAR:
+        return ((1, KIND_EXC), (0, KIND_EXC_ITEMS))
+    if name in ("MATCH_KEYS", "MATCH_CLASS", "CALL_KW"):  # a constant tuple of names on top
+        return ((0, KIND_TUPLE),)
+    if name == "MAKE_FUNCTION" and _PY < (3, 13):
+        # (defaults?, kwdefaults?, annotations?, closure?, codeobj -- func): stored
+        # into the function unchecked.  The code object and closure are loaded
+        # just before, but a def suspended in its annotations (or keyword
+        # defaults) has the defaults (and keyword defaults) in its record.
+        pos, out = 1, []
+        for flag, kind in ((8, KIND_TUPLE), (4, KIND_TUPLE), (2, KIND_DICT), (1, KIND_TUPLE)):
+            if arg & flag:
+                out.append((pos, kind))
+                pos += 1
+        return tuple(out)
+    if name == "SET_FUNCTION_ATTRIBUTE":  # 3.13: (attr, func -- func), stored unchecked
+        return ((1, KIND_DICT if arg == 2 else KIND_TUPLE),)
+    return ()
 
 
 def _kind(op: int, arg: int | None) -> tuple[int, int]:
@@ -171,6 +365,9 @@ class _Instr:
         "hdepth",
         "hlasti",
         "line",
+        "name",
+        "fall_pops",
+        "jump_pops",
     )
 
     offset: int
@@ -186,24 +383,43 @@ class _Instr:
     hdepth: int
     hlasti: int
     line: int | None
+    name: str
+    fall_pops: int | None  # slots consumed when it falls through (None: all)
+    jump_pops: int | None  # and when it jumps
 
 
 class _Point:
     """What the analysis knows about one suspension point."""
 
-    __slots__ = ("depth", "null_ok", "method_self", "start", "iters", "excs", "lastis")
+    __slots__ = ("depth", "null_ok", "method_self", "start", "kinds", "why",
+                 "iters", "excs", "lastis")
 
     def __init__(self, depth: int | None, null_ok: int, method_self: int, start: int,
-                 iters: int = 0, excs: int = 0, lastis: int = 0) -> None:
+                 kinds: tuple[int, ...] = (),
+                 why: tuple[tuple[tuple[int, str], ...], ...] = ()) -> None:
         self.depth = depth  # exact value-stack depth while suspended; None: unknown
         self.null_ok = null_ok  # bit i: stack[i] may legally be NULL
         # bit i: stack[i] is the NULL-or-self half of a method load (3.13 only)
         self.method_self = method_self
         self.start = start  # index of the instruction a resume runs first
-        # Slots the bytecode uses without a type check (rule 4):
-        self.iters = iters  # bit i: stack[i] is a for loop's iterator; FOR_ITER calls its tp_iternext
-        self.excs = excs  # bit i: stack[i] is a caught or saved exception (or None)
-        self.lastis = lastis  # bit i: stack[i] is a handler's lasti; RERAISE jumps to it
+        # Rule 4: kinds[i] are the KIND_* flags stack[i] must have (0: any);
+        # why[i] are (kinds, phrase) naming the instructions that need them,
+        # those a resume runs soonest first.
+        self.kinds = kinds
+        self.why = why
+        # The same as bit masks, by kind: bit i set if stack[i] is a for loop's
+        # iterator / an exception (or None) / a handler's lasti.
+        self.iters = _mask(kinds, KIND_ITER)
+        self.excs = _mask(kinds, KIND_EXC | KIND_EXC_OR_NONE)
+        self.lastis = _mask(kinds, KIND_LASTI)
+
+
+def _mask(kinds: tuple[int, ...], kind: int) -> int:
+    m = 0
+    for i, k in enumerate(kinds):
+        if k & kind:
+            m |= 1 << i
+    return m
 
 
 class _CodeInfo:
@@ -218,6 +434,8 @@ class _CodeInfo:
         "flow_cache",
         "flow_ok",
         "decided",
+        "local_kinds",
+        "holes",
     )
 
     def __init__(self, code: types.CodeType) -> None:
@@ -236,6 +454,19 @@ class _CodeInfo:
         self.flow_cache: dict[tuple[int, int, int], tuple[int, int] | None] = {}
         self.flow_ok = _UNCHECKED_LOADS  # rule 3 applies
         self.decided = True  # the analysis modelled this code
+        # Rule 4 for locals: a (sync) generator expression or comprehension
+        # runs FOR_ITER straight on its argument ``.0`` (an async one awaits
+        # __anext__, looked up with a check).  (In co_code every even byte is
+        # an opcode: inline caches are CACHE, arguments odd.)
+        self.local_kinds: tuple[int, ...] = ()
+        raw = code.co_code
+        if (self.nlocalsplus and code.co_varnames[:1] == (".0",) and code.co_argcount == 1
+                and _GET_ANEXT not in raw[::2]):
+            self.local_kinds = (KIND_ITER,)
+        # (offset, instruction, position) of each slot an instruction trusts
+        # whose producer the analysis could not pin down (paths that meet
+        # disagree); empty for every code the compiler makes that we know of.
+        self.holes: list[tuple[int, str, int]] = []
         try:
             self.instrs = _decode(code)
         except _Undecidable:
@@ -249,38 +480,45 @@ class _CodeInfo:
     def _analyse_stack(self) -> None:
         instrs = self.instrs
         n = len(instrs)
-        states: list[tuple[int, ...] | None] = [None] * n
+        # state: (depth, may-NULL mask, method-self mask, labels of the slots)
+        states: list[tuple[int, int, int, tuple[int, ...]] | None] = [None] * n
         try:
             if n:
-                _join(states, 0, (0, 0, 0, 0, 0, 0))
+                _join_state(states, 0, (0, 0, 0, ()))
             work = [0] if n else []
             while work:
                 i = work.pop()
                 state = states[i]
                 assert state is not None
                 ins = instrs[i]
-                if ins.handler >= 0:
-                    depth, mask, pmask, imask, emask, lmask = state
+                # PUSH_EXC_INFO, first in the range of the handler that cleans
+                # up after an except block, cannot raise; from its edge the
+                # slot below would seem to hold either the caught or the
+                # previous exception.
+                if ins.handler >= 0 and ins.op != _PUSH_EXC_INFO:
+                    depth, mask, pmask, labels = state
                     if ins.hdepth > depth:
                         raise _Undecidable
                     keep = (1 << ins.hdepth) - 1
-                    top = ins.hdepth + ins.hlasti  # the exception; lasti below it if pushed
-                    hstate = (top + 1, mask & keep, pmask & keep, imask & keep,
-                              (emask & keep) | (1 << top),
-                              (lmask & keep) | ((1 << ins.hdepth) if ins.hlasti else 0))
-                    if _join(states, ins.handler, hstate):
+                    # the exception on top; the lasti below it if pushed
+                    exc = (ins.handler << _OUT_BITS) | _OUT_EXC
+                    pushed = (exc - 1, exc) if ins.hlasti else (exc,)
+                    hstate = (ins.hdepth + len(pushed), mask & keep, pmask & keep,
+                              labels[:ins.hdepth] + pushed)
+                    if _join_state(states, ins.handler, hstate):
                         work.append(ins.handler)
                 if ins.falls and i + 1 < n:
-                    out = _step(ins, state, ins.fall_effect)
-                    if _join(states, i + 1, out):
+                    out = _step(i, ins, state, ins.fall_effect, ins.fall_pops)
+                    if _join_state(states, i + 1, out):
                         work.append(i + 1)
                 if ins.target >= 0:
-                    out = _step(ins, state, ins.jump_effect)
-                    if _join(states, ins.target, out):
+                    out = _step(i, ins, state, ins.jump_effect, ins.jump_pops)
+                    if _join_state(states, ins.target, out):
                         work.append(ins.target)
         except _Undecidable:
             states = [None] * n
             self.flow_ok = self.decided = False
+        reqs, uses = self._requirements(states)
         for i, ins in enumerate(instrs):
             if ins.kind == _RETURN_GENERATOR and i + 1 < n:
                 # A fresh (CREATED) frame: its first resume runs the
@@ -291,11 +529,92 @@ class _CodeInfo:
                 if state is None or state[0] < 1:
                     point = _Point(None, -1, 0, i + 1)
                 else:
-                    depth, mask, pmask, imask, emask, lmask = state
+                    depth, mask, pmask, labels = state
                     keep = (1 << (depth - 1)) - 1
+                    kinds, whys = [], []
+                    here = ins.offset // 2
+                    for label in labels[: depth - 1]:  # the yielded value is not in the record
+                        made, made_by = self._produced(label)
+                        kinds.append(made | reqs.get(label, 0))
+                        found = sorted(uses.get(label, ()), key=lambda u: (u[0] < here, u[0]))
+                        whys.append(tuple((kind, what) for _at, kind, what in found)
+                                    + ((made, made_by),))
                     point = _Point(depth - 1, mask & keep, pmask & keep if _NULL_ABOVE else 0, i + 1,
-                                   imask & keep, emask & keep, lmask & keep)
+                                   tuple(kinds), tuple(whys))
                 self.points[ins.offset // 2] = point
+
+    def _produced(self, label: int) -> tuple[int, str]:
+        """The kind a producer guarantees for its output, and a phrase naming it."""
+        if label < 0:
+            return 0, ""
+        ins = self.instrs[label >> _OUT_BITS]
+        output = label & ((1 << _OUT_BITS) - 1)
+        if output == _OUT_EXC:
+            return KIND_EXC, f"the interpreter enters the handler at offset {ins.offset // 2} with one"
+        if output == _OUT_LASTI:
+            return KIND_LASTI, f"the interpreter enters the handler at offset {ins.offset // 2} with one"
+        made = 0
+        if output == 0:
+            name = ins.name
+            if name == "BUILD_LIST":
+                made = KIND_LIST
+            elif name == "BUILD_SET":
+                made = KIND_SET
+            elif name in ("BUILD_MAP", "BUILD_CONST_KEY_MAP"):
+                made = KIND_DICT
+            elif name in ("BUILD_TUPLE", "LIST_TO_TUPLE") or (
+                    name == "CALL_INTRINSIC_1" and ins.arg == _INTRINSIC_LIST_TO_TUPLE):
+                made = KIND_TUPLE
+            elif name == "GET_ITER":
+                made = KIND_ITER
+            elif name == "PUSH_EXC_INFO":  # the exception handled before, or None
+                made = KIND_EXC_OR_NONE
+        return made, f"the {ins.name} at offset {ins.offset // 2} made it"
+
+    def _requirements(
+        self, states: list[tuple[int, int, int, tuple[int, ...]] | None]
+    ) -> tuple[dict[int, int], dict[int, list[tuple[int, int, str]]]]:
+        """Kinds that the instructions using a label's value without a type check impose on it.
+
+        Also, for each label, (offset, kind, phrase) of each such instruction.
+        """
+        reqs: dict[int, int] = {}
+        uses: dict[int, list[tuple[int, int, str]]] = {}
+        appends: list[tuple[int, int, int]] = []  # LIST_APPEND: (index, list label, value label)
+
+        def need(label: int, kind: int, i: int, pos: int, what: str) -> bool:
+            at = self.instrs[i].offset // 2
+            if label == _UNKNOWN:
+                self.holes.append((at, self.instrs[i].name, pos))
+                return False
+            if (at, kind, what) in uses.setdefault(label, []):
+                return False
+            uses[label].append((at, kind, what))
+            reqs[label] = reqs.get(label, 0) | kind
+            return True
+
+        for i, ins in enumerate(self.instrs):
+            state = states[i]
+            if state is None:
+                continue
+            labels = state[3]
+            user = f"the {ins.name} at offset {ins.offset // 2} uses it without a type check"
+            for pos, kind in _consumes(ins.name, ins.arg):
+                if pos < len(labels):
+                    need(labels[-1 - pos], kind, i, pos, user)
+            if ins.name == "LIST_APPEND" and 0 < ins.arg < len(labels):
+                appends.append((i, labels[-1 - ins.arg], labels[-1]))
+        # What is appended to a list of exceptions (except*) must be one, too.
+        changed = True
+        while changed:
+            changed = False
+            for i, lst, value in appends:
+                if lst != _UNKNOWN and reqs.get(lst, 0) & KIND_EXC_ITEMS:
+                    at = self.instrs[i].offset // 2
+                    changed |= need(value, KIND_EXC_OR_NONE, i, 0,
+                                    f"the LIST_APPEND at offset {at} adds it to the exceptions "
+                                    "an except* block re-raises")
+        return reqs, uses
 
     # -- rule 3: forward from the resumption point, with the record's NULLs --
 
@@ -342,11 +661,13 @@ def _decode(code: types.CodeType) -> list[_Instr]:
         x.kind, x.pops = _kind(op, arg)
         x.op = op
         x.arg = arg or 0
+        x.name = dis.opname[op]
         positions = getattr(ins, "positions", None)
         x.line = positions.lineno if positions is not None else None
         x.handler, x.hdepth, x.hlasti = -1, 0, 0
         if op == _EXTENDED_ARG:
             x.fall_effect = x.jump_effect = 0
+            x.fall_pops = x.jump_pops = 0
             x.target, x.falls = -1, True
             out.append(x)
             continue
@@ -360,6 +681,8 @@ def _decode(code: types.CodeType) -> list[_Instr]:
             raise _Undecidable from None
         if x.kind == _RETURN_GENERATOR:
             x.fall_effect = 1  # 3.11/3.12 report 0: the prologue is not in the model
+        x.fall_pops = _consumed(x, x.fall_effect)
+        x.jump_pops = _consumed(x, x.jump_effect)
         if op in _JUMPS:
             target = getattr(ins, "jump_target", None)
             if target is None:
@@ -425,32 +748,66 @@ def _join(states: list[Any], i: int, state: tuple[int, ...]) -> bool:
     return False
 
 
-def _step(ins: _Instr, state: tuple[int, ...], effect: int) -> tuple[int, ...]:
-    """Stack transfer (depth, may-NULL mask, method-self mask, iterator, exception
-    and lasti masks) for rules 2 and 4."""
-    depth, mask, pmask, imask, emask, lmask = state
+def _join_state(
+    states: list[tuple[int, int, int, tuple[int, ...]] | None],
+    i: int,
+    state: tuple[int, int, int, tuple[int, ...]],
+) -> bool:
+    """Merge ``state`` into ``states[i]``: masks may-union, labels must-agree; True if it changed."""
+    old = states[i]
+    if old is None:
+        states[i] = state
+        return True
+    if old[0] != state[0]:
+        raise _Undecidable  # inconsistent depths: not a layout we understand
+    labels = old[3]
+    if labels != state[3]:
+        labels = tuple(a if a == b else _UNKNOWN for a, b in zip(labels, state[3]))
+    merged = (old[0], old[1] | state[1], old[2] | state[2], labels)
+    if merged != old:
+        states[i] = merged
+        return True
+    return False
+
+
+def _consumed(ins: _Instr, effect: int) -> int | None:
+    """Slots ``ins`` consumes from the top of the stack along an edge with ``effect``."""
+    kind = ins.kind
+    if kind in (_PUSH_NULL, _LOAD_AND_CLEAR, _RETURN_GENERATOR, _SWAP, _COPY):
+        return 0
+    if kind == _PAIR:
+        return ins.pops
+    if kind == _CALL:
+        return 1 - effect  # callable, NULL/self and the arguments
+    return _pops(ins.name, ins.arg, effect)
+
+
+def _step(
+    index: int,
+    ins: _Instr,
+    state: tuple[int, int, int, tuple[int, ...]],
+    effect: int,
+    pops: int | None,
+) -> tuple[int, int, int, tuple[int, ...]]:
+    """Stack transfer (depth, may-NULL mask, method-self mask, labels) for rules 2 and 4."""
+    depth, mask, pmask, labels = state
     kind = ins.kind
     if kind == _PUSH_NULL or kind == _LOAD_AND_CLEAR:
-        return depth + 1, mask | (1 << depth), pmask, imask, emask, lmask
+        return depth + 1, mask | (1 << depth), pmask, labels + (_label(index, 0),)
     new, mask = _stack_step(ins, depth, mask, effect)
     pmask = _stack_step(ins, depth, pmask, effect)[1]
-    imask, emask, lmask = (_type_step(ins, depth, m, effect) for m in (imask, emask, lmask))
-    if ins.op == _GET_ITER and new >= 1:
-        imask |= 1 << (new - 1)
-    elif ins.op == _FOR_ITER and 1 <= depth <= new:
-        # the iterator FOR_ITER calls (a genexpr loads it with LOAD_FAST .0,
-        # not GET_ITER) stays below the value it pushes
-        imask |= 1 << (depth - 1)
-    elif ins.op == _PUSH_EXC_INFO and new >= 2:  # [exc] -> [previous exception, exc]
-        emask |= 3 << (new - 2)
-    return new, mask, pmask, imask, emask, lmask
-
-
-def _type_step(ins: _Instr, depth: int, mask: int, effect: int) -> int:
-    """Transfer of a "this slot holds a value of kind X" mask: nothing pushed has it."""
-    if ins.kind == _PAIR:
-        return mask & ((1 << max(0, depth - ins.pops)) - 1)
-    return _stack_step(ins, depth, mask, effect)[1]
+    if kind == _SWAP:
+        swapped = list(labels)
+        b = depth - ins.arg
+        swapped[-1], swapped[b] = swapped[b], swapped[-1]
+        return new, mask, pmask, tuple(swapped)
+    if kind == _COPY:
+        return new, mask, pmask, labels + (labels[depth - ins.arg],)
+    if ins.op == _PUSH_EXC_INFO and depth >= 1 and new == depth + 1:
+        # (exc -- previous exception, exc): exc itself stays
+        return new, mask, pmask, labels[:-1] + (_label(index, 0), labels[-1])
+    keep = max(0, min(depth - pops if pops is not None else 0, new))
+    return new, mask, pmask, labels[:keep] + tuple(_label(index, j) for j in range(new - keep))
 
 
 def _stack_step(ins: _Instr, depth: int, mask: int, effect: int) -> tuple[int, int]:
@@ -631,41 +988,96 @@ def _slot_name(info: _CodeInfo, index: int) -> str:
     return f"stack[{index - info.nlocalsplus}] (slot {index})"
 
 
-def _is_iterator(value: Any) -> bool:
-    return getattr(type(value), "__next__", None) is not None
+_TYPE_NAME = type.__dict__["__name__"]  # a metaclass cannot override it: no user code runs
+_TYPE_MRO = type.__dict__["__mro__"]
+_TYPE_DICT = type.__dict__["__dict__"]
+
+
+def _type_name(value: Any) -> str:
+    name: str = _TYPE_NAME.__get__(type(value))
+    return name
+
+
+def _has_next(cls: type) -> bool:
+    """Whether ``cls`` has a ``tp_iternext`` that iterates (PyIter_Check), from its real MRO."""
+    return any("__next__" in _TYPE_DICT.__get__(base) for base in _TYPE_MRO.__get__(cls))
+
+
+def _is_exception(value: Any) -> bool:
+    # issubclass on the real type, never isinstance (which asks value.__class__);
+    # BaseException's metaclass is type, whose __subclasscheck__ reads the MRO.
+    return issubclass(type(value), BaseException)
+
+
+def _kinds_ok(value: Any, kinds: int, lasti_max: int) -> bool:
+    """Pure-Python twin of ``tcc._native.check_kinds`` for one slot (used without the module)."""
+    t = type(value)
+    if kinds & KIND_ITER and not _has_next(t):
+        return False
+    if kinds & KIND_EXC and not _is_exception(value):
+        return False
+    if kinds & KIND_EXC_OR_NONE and not (value is None or _is_exception(value)):
+        return False
+    if kinds & KIND_LASTI and not (t is int and 0 <= value <= lasti_max):
+        return False
+    if kinds & (KIND_LIST | KIND_EXC_ITEMS) and t is not list:
+        return False
+    if kinds & KIND_SET and t is not set:
+        return False
+    if kinds & KIND_DICT and t is not dict:
+        return False
+    if kinds & KIND_TUPLE and t is not tuple:
+        return False
+    if kinds & KIND_EXC_ITEMS:
+        return all(item is None or _is_exception(item) for item in value)
+    return True
+
+
+def _first_bad_slot(slots: tuple[Any, ...], kinds: tuple[int, ...], null: Any, lasti_max: int) -> int:
+    native = _frames.native() if _frames.available() else None
+    if native is not None and hasattr(native, "check_kinds"):
+        bad: int = native.check_kinds(slots, kinds, null, lasti_max)
+        return bad
+    for i, (value, kind) in enumerate(zip(slots, kinds)):
+        if kind and value is not null and not _kinds_ok(value, kind, lasti_max):
+            return i
+    return -1
+
+
+def _words(kinds: int) -> str:
+    for kind, words in _KIND_WORDS:
+        if kinds & kind:
+            return words
+    return "something else"
 
 
 def _check_types(info: _CodeInfo, offset: int, point: _Point, slots: tuple[Any, ...], null: Any) -> None:
     """Rule 4: slots the bytecode uses without a type check hold the right kind of object."""
     nlp = info.nlocalsplus
-    code = info.code
-    if (nlp and code.co_varnames[:1] == (".0",) and code.co_argcount == 1
-            and not any(ins.op == _GET_ANEXT for ins in info.instrs)):
-        # a (sync) generator expression or comprehension: its body runs
-        # FOR_ITER straight on the argument (an async one awaits __anext__)
-        value = slots[0]
-        if value is not null and not _is_iterator(value):
-            raise ValueError(
-                f"record of {_where(info, offset)} has a {type(value).__name__} in "
-                f"{_slot_name(info, 0)}, the iterator the generator expression loops over")
-    units = len(code.co_code) // 2
-    for i in range(nlp, len(slots)):
-        k = i - nlp
-        value = slots[i]
-        if value is null:
-            continue
-        if (point.iters >> k) & 1 and not _is_iterator(value):
-            raise ValueError(
-                f"record of {_where(info, offset)} has a {type(value).__name__} in "
-                f"{_slot_name(info, i)}, where a for loop keeps its iterator")
-        if (point.excs >> k) & 1 and not (value is None or isinstance(value, BaseException)):
-            raise ValueError(
-                f"record of {_where(info, offset)} has a {type(value).__name__} in "
-                f"{_slot_name(info, i)}, where an except block keeps an exception")
-        if (point.lastis >> k) & 1 and not (isinstance(value, int) and 0 <= value <= units):
-            raise ValueError(
-                f"record of {_where(info, offset)} has {value!r} in {_slot_name(info, i)}, "
-                f"where an exception handler keeps the offset (0..{units}) it re-raises at")
+    if not info.local_kinds and not any(point.kinds):
+        return
+    kinds = info.local_kinds + (0,) * (nlp - len(info.local_kinds)) + point.kinds
+    units = len(info.code.co_code) // 2
+    bad = _first_bad_slot(slots, kinds, null, units)
+    if bad < 0:
+        return
+    value = slots[bad]
+    if bad < nlp:
+        raise ValueError(
+            f"record of {_where(info, offset)} has a {_type_name(value)} in "
+            f"{_slot_name(info, bad)}, the iterator the generator expression loops over")
+    k = bad - nlp
+    kind = point.kinds[k]
+    # The kind it lacks (the Python twin only picks the words: C decided).
+    missing = next((b for b, _w in _KIND_WORDS if kind & b and not _kinds_ok(value, b, units)), kind)
+    what = _words(missing)
+    if missing & KIND_LASTI:
+        what = f"an int offset in 0..{units} (where an exception handler re-raises)"
+    who = next((w for kinds, w in point.why[k] if kinds & missing), "")
+    shown = f"the int {value}" if type(value) is int and -(10**9) < value < 10**9 else f"a {_type_name(value)}"
+    raise ValueError(
+        f"record of {_where(info, offset)} has {shown} in {_slot_name(info, bad)}, which must be "
+        f"{what}: {who}")
 
 
 def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...], null: Any) -> None:
@@ -682,11 +1094,18 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
        point (including the exception handlers ``throw()``/``close()`` run)
        reads with an unchecked load before storing to it;
     4. a value of the wrong kind where the interpreter uses it without a type
-       check: a non-iterator where a for loop keeps its iterator (FOR_ITER
-       calls ``tp_iternext`` directly) or in a generator expression's ``.0``,
-       a non-exception where an except block keeps the caught or saved
-       exception, a handler's re-raise offset that is not an int inside the
-       code (found by fuzzing: each of these crashed the interpreter).
+       check, or where the instruction that made it guarantees its exact type:
+       a non-iterator where a for loop keeps its iterator (FOR_ITER calls
+       ``tp_iternext`` directly) or in a generator expression's ``.0``, a
+       non-exception where an except/finally/with block keeps the caught or
+       saved exception, a handler's re-raise offset that is not an exact int
+       inside the code, anything but an exact list/set/dict where
+       ``LIST_APPEND``/``SET_ADD``/``MAP_ADD`` and friends build one, an
+       except* block's list of raised exceptions holding anything but
+       exceptions or None.  The kinds are tested on the object's real type
+       (``tcc._native.check_kinds``): a ``__class__`` property or a metaclass
+       ``__getattr__`` cannot fake them (found by fuzzing and review: each of
+       these crashed the interpreter).
 
     Offsets that are not suspension points are left to ``tcc._native``.
     """
