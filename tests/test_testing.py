@@ -462,3 +462,20 @@ def test_journal_scan_counts_steps_and_finds_calls_completed_twice(tmp_path):
                                                                  error=error))
         store.append_intent("dup", run.epoch, "tcc:wait", b"", idempotency_key="dup:4")  # parked
     assert _scan_journals(str(tmp_path / "store")) == (3, ["m:f (dup:2) completed 2 times"])
+
+
+def test_run_gives_effects_copies_of_their_arguments_as_a_real_run_does():
+    """An effect that appends to the list it was passed leaves the agent's list alone, as in `tcc run`."""
+    import tcc
+
+    @tcc.effect(name="tt-copy-append")
+    def append_reply(messages):
+        messages.append("reply")
+        return len(messages)
+
+    async def agent():
+        messages = ["system"]
+        sizes = [await append_reply(messages), await append_reply(messages)]
+        return sizes, messages
+
+    assert tcc.testing.run(agent) == ([2, 2], ["system"])

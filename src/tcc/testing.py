@@ -63,12 +63,15 @@ What each request does:
   before its next await raises ``tcc.errors.UnawaitedEffectError`` out of
   ``run``, the error a real run fails with.
 
-The script's ``verify(result)`` is not called, ``sys.exit()`` in the agent or an
-effect propagates as ``SystemExit``, and nothing is pickled: a value that could
-not be captured, or state that does not survive a crash (a process id, a file
-written outside an effect), is found by the crash checker below, not here.  With ``arun`` the agent is stepped
-inside the caller's running loop, so asyncio APIs that fail inside a real run
-may seem to work there.
+Each attempt of an effect receives a fresh copy of its arguments, as in a real
+run (so an effect that mutates an argument does not change the agent's object),
+and arguments that a run could not journal raise ``CaptureError``.  The
+script's ``verify(result)`` is not called, ``sys.exit()`` in the agent or an
+effect propagates as ``SystemExit``, and no snapshot is taken: a local that
+could not be captured, or state that does not survive a crash (a process id, a
+file written outside an effect), is found by the crash checker below, not here.
+With ``arun`` the agent is stepped inside the caller's running loop, so asyncio
+APIs that fail inside a real run may seem to work there.
 
 **Crash-every-step checker.**  :func:`check_crash_every_step` runs a script the
 real way, ``python -m tcc run --json`` in subprocesses, each against a fresh
@@ -155,7 +158,8 @@ from typing import (
 )
 
 from . import errors
-from .effects import _context
+from .capture import dump_payload, load_payload
+from .effects import _context, reusing_live_resources
 from .effects._effect import (
     CheckpointRequest,
     Effect,
@@ -265,14 +269,22 @@ class _Call:
                  kwargs: dict[str, Any], run_id: str, key: str) -> None:
         self.effect = effect
         self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
+        # Journaled form of the arguments: each attempt gets a fresh copy, as in a real run
+        # (an effect never mutates the agent's own objects), and what a real run could not
+        # journal fails here too.
+        self.blob = dump_payload((args, kwargs))
         self.run_id = run_id
         self.key = key
         self.is_async = inspect.iscoroutinefunction(fn)
 
     def _current(self, attempt: int) -> _context.Current:
         return _context.Current(self.run_id, self.effect.name, self.key, attempt)
+
+    def _fresh(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A new copy of the arguments (a tcc.resource in them stays the live one)."""
+        with reusing_live_resources():
+            args, kwargs = load_payload(self.blob)
+        return args, kwargs
 
     @staticmethod
     def _failed(exc: Exception) -> _Pending:
@@ -284,9 +296,9 @@ class _Call:
         """A sync function, in this thread (in a copy of the current context)."""
         outcome: _Pending = ("send", None)
         for attempt in range(1, self.effect.retries + 2):
+            args, kwargs = self._fresh()
             try:
-                call = functools.partial(_with_current, self._current(attempt), self.fn, self.args,
-                                         self.kwargs)
+                call = functools.partial(_with_current, self._current(attempt), self.fn, args, kwargs)
                 return ("send", contextvars.copy_context().run(call))
             except Exception as exc:  # noqa: BLE001 - thrown into the agent, as in a run
                 outcome = self._failed(exc)
@@ -297,29 +309,29 @@ class _Call:
         else in the loop's thread."""
         outcome: _Pending = ("send", None)
         for attempt in range(1, self.effect.retries + 2):
+            args, kwargs = self._fresh()
             try:
                 if self.is_async:
-                    return ("send", await self._bounded(attempt))
+                    return ("send", await self._bounded(attempt, args, kwargs))
                 if threads:
                     return ("send", await asyncio.to_thread(
-                        _with_current, self._current(attempt), self.fn, self.args, self.kwargs))
-                call = functools.partial(_with_current, self._current(attempt), self.fn, self.args,
-                                         self.kwargs)
+                        _with_current, self._current(attempt), self.fn, args, kwargs))
+                call = functools.partial(_with_current, self._current(attempt), self.fn, args, kwargs)
                 return ("send", contextvars.copy_context().run(call))
             except Exception as exc:  # noqa: BLE001 - thrown into the agent, as in a run
                 outcome = self._failed(exc)
         return outcome
 
-    async def _bounded(self, attempt: int) -> Any:
+    async def _bounded(self, attempt: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         token = _context.set_current(self._current(attempt))
         try:
             timeout = self.effect.timeout
             if timeout is None:
-                return await self.fn(*self.args, **self.kwargs)
+                return await self.fn(*args, **kwargs)
             deadline = asyncio.timeout(timeout)
             try:
                 async with deadline:
-                    return await self.fn(*self.args, **self.kwargs)
+                    return await self.fn(*args, **kwargs)
             except TimeoutError:
                 if not deadline.expired():
                     raise  # the function's own TimeoutError
