@@ -309,7 +309,7 @@ def test_run_refuses_a_forgotten_await_like_a_run():
         await async_inc(1)
         return value
 
-    with pytest.raises(errors.UnawaitedEffectError, match=r"sync_double\(\.\.\.\) at .*never awaited"):
+    with pytest.raises(errors.UnawaitedEffectError, match=r"sync_double\(\.\.\.\) at .*not awaited before"):
         tcc.testing.run(forgetful)
 
 

@@ -376,11 +376,12 @@ def _namespace(func: Any) -> dict[str, Any]:
     return vars(module) if module is not None else {}
 
 
-def _forgotten(made: list[Any], during: BaseException | None = None) -> errors.UnawaitedEffectError:
+def _forgotten(made: list[Any], during: BaseException | None = None,
+               yielded: Any = None) -> errors.UnawaitedEffectError:
     """The error a real run fails with when the agent made a request it never awaited."""
     from .runtime._driver import _forgotten_await
 
-    return _forgotten_await(made, during)
+    return _forgotten_await(made, during, yielded)
 
 
 def _close(task: Any) -> None:
@@ -443,8 +444,8 @@ class _Trampoline:
                 finally:
                     untrack_requests(tracked)
                     _context.reset_current(token)
-                if unawaited(made):
-                    raise _forgotten(made)
+                if unawaited(made, request):
+                    raise _forgotten(made, yielded=request)
                 pending = yield from self._answer(request)
         finally:
             if not done:

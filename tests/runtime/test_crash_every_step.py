@@ -38,7 +38,7 @@ def test_forgotten_await_agent_fails_the_same_way_after_every_crash():
     """Point 1: the run fails with the same UnawaitedEffectError, crashed or not."""
     report = tcc.testing.check_crash_every_step(str(QUIET / "forgetful_agent.py"))
     report.raise_for_mismatch()
-    assert report.expected.status == "failed" and "was never awaited" in str(report.expected)
+    assert report.expected.status == "failed" and "was not awaited before the agent's next await" in str(report.expected)
 
 
 @pytest.mark.parametrize("strategy,every", STRATEGIES, ids=[s for s, _ in STRATEGIES])

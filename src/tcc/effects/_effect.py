@@ -72,15 +72,21 @@ def untrack_requests(token: contextvars.Token[list[_Request] | None]) -> None:
     _MADE.reset(token)
 
 
-def unawaited(made: list[_Request]) -> list[_Request]:
-    """The requests of ``made`` that were never awaited (nor handed to ``tcc.gather``)."""
-    return [r for r in made if not getattr(r, "_awaited", True)]
+def unawaited(made: list[_Request], yielded: Any = None) -> list[_Request]:
+    """The requests of ``made`` that were not awaited (nor handed to ``tcc.gather``) in
+    their step; ``yielded`` is the request the step ended on, the one it awaited.
+
+    (Awaiting is not marked inside ``__await__``: its code is part of every snapshot's
+    innermost frame, and changing it would strand every suspended run.)"""
+    return [r for r in made if r is not yielded and not getattr(r, "_awaited", True)]
 
 
 def describe_request(req: Any) -> str:
     """``search(...)`` or ``tcc.sleep(...)``: the call that made ``req``, for messages."""
     if isinstance(req, EffectRequest):
         return f"{req.name.rpartition(':')[2]}(...)"
+    if isinstance(req, WaitRequest) and req.kind == "approval":
+        return "tcc.approval(...)"
     return f"{_PUBLIC_NAMES.get(type(req).__name__, type(req).__name__)}(...)"
 
 
@@ -95,7 +101,6 @@ class EffectRequest(_Request):
         self.kwargs = kwargs
 
     def __await__(self) -> Any:
-        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:
@@ -114,7 +119,6 @@ class GatherRequest(_Request):
         self.requests = requests
 
     def __await__(self) -> Any:
-        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:
@@ -127,7 +131,6 @@ class CheckpointRequest(_Request):
     __slots__ = ()
 
     def __await__(self) -> Any:
-        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:
@@ -155,7 +158,6 @@ class WaitRequest(_Request):
         self.deadline: float | None = None
 
     def __await__(self) -> Any:
-        self._awaited = True
         return (yield self)
 
     def __getstate__(self) -> Any:
@@ -180,7 +182,6 @@ class SleepRequest(_Request):
         self.intent_seq: int | None = None
 
     def __await__(self) -> Any:
-        self._awaited = True
         return (yield self)
 
     def __getstate__(self) -> Any:
@@ -201,7 +202,6 @@ class SpawnRequest(_Request):
         self.args = args
 
     def __await__(self) -> Any:
-        self._awaited = True
         return (yield self)
 
     def __reduce__(self) -> Any:

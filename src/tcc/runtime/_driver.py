@@ -228,23 +228,31 @@ def _equivalent(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
         return len(a) == len(b) and all(_equivalent(x, y, seen) for x, y in zip(a, b))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_equivalent(a[k], b[k], seen) for k in a)
-    if getattr(type(a), "__eq__", None) is object.__eq__ and isinstance(getattr(a, "__dict__", None), dict):
-        return _equivalent(vars(a), vars(b), seen)
+    state_a, state_b = getattr(a, "__dict__", None), getattr(b, "__dict__", None)
+    if isinstance(state_a, dict) and isinstance(state_b, dict):
+        # equal attributes are the same call even when a class's own __eq__ disagrees: a
+        # dataclass holding a tcc.resource compares its fields with ==, and a resource
+        # rebuilt by replay is a new object
+        if getattr(type(a), "__eq__", None) is not object.__eq__ and bool(a == b):
+            return True
+        return _equivalent(state_a, state_b, seen)
     return bool(a == b)
 
 
-def _forgotten_await(made: list[Any], during: BaseException | None = None) -> errors.UnawaitedEffectError:
+def _forgotten_await(made: list[Any], during: BaseException | None = None,
+                     yielded: Any = None) -> errors.UnawaitedEffectError:
     """The error that fails a run whose agent made a request (an effect call, tcc.sleep ...)
     and never awaited it: outside a run the call would have returned its value, inside one
     the request object would silently stand in for it."""
-    forgotten = unawaited(made)
+    forgotten = unawaited(made, yielded)
     call = describe_request(forgotten[0])
     kind = "the effect call" if isinstance(forgotten[0], EffectRequest) else "the call"
     also = f" (and {len(forgotten) - 1} more in the same step)" if len(forgotten) > 1 else ""
     err = errors.UnawaitedEffectError(
-        f"{kind} {call} at {getattr(forgotten[0], '_site', '?')} was never awaited{also}: inside "
-        f"a tcc run it returns a request that runs only when awaited, so write `await {call}` "
-        "(effect calls may also go to tcc.gather(...)) before the agent's next await"
+        f"{kind} {call} at {getattr(forgotten[0], '_site', '?')} was not awaited before the "
+        f"agent's next await{also}: inside a tcc run it returns a request that runs only when "
+        f"awaited, so await each call (`await {call}`) before awaiting anything else, or pass "
+        "effect calls to tcc.gather(...)"
     )
     if during is not None:
         err.__context__ = during
@@ -424,8 +432,8 @@ class Driver:
                     return self._finish("failed", exc=_explain_agent_error(exc))
                 except SystemExit as exc:
                     return self._exited(exc, "the agent")
-                if unawaited(made):
-                    return self._finish("failed", exc=_forgotten_await(made))
+                if unawaited(made, request):
+                    return self._finish("failed", exc=_forgotten_await(made, yielded=request))
                 try:
                     pending = self._handle(coro, request)
                 except _Parked as parked:
@@ -1018,7 +1026,17 @@ class Driver:
         module_state = self.modules.capture() if self.modules is not None else {}
         try:
             state = (STATE_TAG, STATE_VERSION, coro, pending, self._calls, self.waits, module_state)
-            payload = seal(dump_payload(state), compress=False)
+            try:
+                payload = seal(dump_payload(state), compress=False)
+            except errors.CaptureError:
+                released = self.modules.release_mutated(module_state) if self.modules else []
+                if not released:
+                    raise
+                self.store.add_event(self.run_id, "module_state_released", {"globals": released},
+                                     epoch=self.epoch)
+                module_state = self.modules.capture() if self.modules is not None else {}
+                state = state[:6] + (module_state,)
+                payload = seal(dump_payload(state), compress=False)
         except errors.CaptureError as exc:
             if completion is not None:
                 self.store.append_completion(self.run_id, self.epoch, completion)

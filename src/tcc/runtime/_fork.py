@@ -48,9 +48,10 @@ def _innermost_user_frame(root: Any, records: list[tuple[Any, Any]]) -> int:
 _STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
 
 
-def stored_answer(code: types.CodeType, offset: int) -> tuple[str, int] | None:
-    """The variable (and its line) that the value sent into a frame suspended at ``offset``
-    is stored into straight away (``answer = await llm(...)``), or None.
+def stored_answer(code: types.CodeType, offset: int) -> tuple[list[str], int] | None:
+    """The variables (and their line) that the value sent into a frame suspended at
+    ``offset`` is stored into straight away (``answer = await llm(...)``, or ``a, b =
+    await tcc.gather(...)``), or None.
 
     ``offset`` is the frame record's position: the ``YIELD_VALUE`` of the await, in code
     units, on 3.11-3.13.  The awaited value lands where the await's ``SEND`` jumps to
@@ -63,27 +64,38 @@ def stored_answer(code: types.CodeType, offset: int) -> tuple[str, int] | None:
     send = next((ins for ins in reversed(instructions[:at]) if ins.opname == "SEND"), None)
     if send is None or not isinstance(send.argval, int):
         return None
-    after = [ins for ins in instructions if ins.offset >= send.argval]
-    for ins in after[:3]:
-        if ins.opname in ("END_SEND", "NOP", "CACHE"):
-            continue
-        if ins.opname in _STORES:
-            line = ins.positions.lineno if ins.positions is not None else None
-            return str(ins.argval), line or code.co_firstlineno
+    after = [ins for ins in instructions if ins.offset >= send.argval
+             and ins.opname not in ("END_SEND", "NOP", "CACHE")]
+    if not after:
         return None
+    first = after[0]
+    line = (first.positions.lineno if first.positions is not None else None) or code.co_firstlineno
+    if first.opname in _STORES:
+        return [str(first.argval)], line
+    if first.opname == "UNPACK_SEQUENCE" and isinstance(first.arg, int):
+        targets = after[1:1 + first.arg]
+        if len(targets) == first.arg and all(ins.opname in _STORES for ins in targets):
+            return [str(ins.argval) for ins in targets], line
     return None
 
 
 def _awaited_kind(root: Any, records: list[tuple[Any, Any]]) -> str:
     """What the innermost frame of the chain awaits: 'EffectRequest', 'GatherRequest',
     'CheckpointRequest' ... (the class whose ``__await__`` is suspended), or ''."""
+    return _awaited(root, records)[0]
+
+
+def _awaited(root: Any, records: list[tuple[Any, Any]]) -> tuple[str, Any]:
+    """(:func:`_awaited_kind`, the request object awaited, or None)."""
     chain = _chain(root, records)
     if not chain:
-        return ""
-    code = _frames.code_of(records[chain[-1]][0])
+        return "", None
+    gen, record = records[chain[-1]]
+    code = _frames.code_of(gen)
     if not code.co_filename.startswith(_TCC_DIR) or not code.co_qualname.endswith(".__await__"):
-        return ""
-    return code.co_qualname.rpartition(".")[0]
+        return "", None
+    slots = record[3]
+    return code.co_qualname.rpartition(".")[0], (slots[0] if slots else None)
 
 
 def _setter(sets: dict[str, Any], answering: bool) -> Any:
@@ -99,9 +111,15 @@ def _setter(sets: dict[str, Any], answering: bool) -> Any:
                 raise errors.UsageError(
                     f"{code.co_qualname}() has no local {name!r}; its locals are {', '.join(names)}"
                 )
-            if stored is not None and stored[0] == name and _awaited_kind(state[2], records):
-                how = ("--answer already replaces that answer" if answering else
-                       "use --answer JSON to replace the answer instead")
+            kind = _awaited_kind(state[2], records)
+            if stored is not None and name in stored[0] and kind:
+                if kind not in ("EffectRequest", "GatherRequest"):
+                    how = ("resume the fork and send the value it waits for with `tcc signal` "
+                           "or `tcc approve` instead")
+                elif answering:
+                    how = "--answer already replaces that answer"
+                else:
+                    how = "use --answer JSON to replace the answer instead"
                 raise errors.UsageError(
                     f"--set {name}: {code.co_qualname}() stores the answer it is waiting for into "
                     f"{name!r} as soon as it resumes ({code.co_filename}:{stored[1]}), so the "
@@ -145,16 +163,16 @@ def fork(
     try:
         payload = store.load_snapshot(child.run_id)
         answering = answer is not _NO_ANSWER
-        kinds: list[str] = []
+        kinds: list[tuple[str, Any]] = []
 
         def edit(state: Any, records: list[tuple[Any, Any]]) -> None:
-            kinds.append(_awaited_kind(state[2], records))
+            kinds.append(_awaited(state[2], records))
             if sets:
                 _setter(sets, answering)(state, records)
 
         state = load_payload(unseal(payload), edit=edit if sets or answering else None)
         if answering:
-            state = _answered(state, answer, kinds[0] if kinds else "", run_id, at)
+            state = _answered(state, answer, kinds[0] if kinds else ("", None), run_id, at)
         if sets or answering:
             store.checkpoint(child.run_id, child.epoch, seal(dump_payload(state), compress=False))
         pending = state[3]
@@ -172,8 +190,9 @@ def fork(
     return store.get_run(child.run_id)
 
 
-def _answered(state: Any, answer: Any, kind: str, run_id: str, at: int | None) -> Any:
+def _answered(state: Any, answer: Any, awaited: tuple[str, Any], run_id: str, at: int | None) -> Any:
     """``state`` with the answer its innermost frame receives on resume replaced."""
+    kind, request = awaited
     which = f"snapshot {at}" if at is not None else "the newest snapshot"
     pending = state[3]
     if pending[0] == "request":
@@ -186,7 +205,10 @@ def _answered(state: Any, answer: Any, kind: str, run_id: str, at: int | None) -
             f"run {run_id}'s {which} was not taken after an effect call (it was taken at "
             f"{'tcc.checkpoint()' if kind == 'CheckpointRequest' else 'a point with no answer'}), "
             "so --answer has nothing to replace; fork from a snapshot taken after an effect")
-    if kind == "GatherRequest" and not isinstance(answer, list):
-        raise errors.UsageError("the snapshot's frame awaits a tcc.gather(): --answer must be "
-                                "a JSON list with one answer per gathered call")
+    calls = getattr(request, "requests", None)
+    if kind == "GatherRequest" and not (isinstance(answer, list) and isinstance(calls, tuple)
+                                        and len(answer) == len(calls)):
+        raise errors.UsageError(
+            f"the snapshot's frame awaits a tcc.gather() of {len(calls or ())} calls: --answer "
+            "must be a JSON list with one answer per gathered call")
     return state[:3] + (("send", answer),) + state[4:]

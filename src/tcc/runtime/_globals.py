@@ -63,6 +63,9 @@ class ModuleState:
         # module name -> {global name: the object bound when tcc first saw the module,
         # for the globals a snapshot leaves to the import (see the module docstring)}
         self._from_import: dict[str, dict[str, Any]] = {}
+        # module name -> its globals when tcc first saw it (to tell a mutated import-time
+        # object from one the run bound later)
+        self._first: dict[str, dict[str, Any]] = {}
         self._seen_modules = 0
         self._modules: list[types.ModuleType] = []
         self.refresh()
@@ -76,8 +79,9 @@ class ModuleState:
         if not self.folder or not isinstance(file, str) or not file.endswith(".py"):
             return False
         real = os.path.realpath(file)
+        name = getattr(module, "__name__", "")
         return os.path.dirname(real) == self.folder and not _in_site_packages(real) \
-            and not getattr(module, "__name__", "").startswith("tcc")
+            and name != "tcc" and not name.startswith("tcc.")
 
     def refresh(self) -> None:
         """Find the agent's modules again if modules were imported since the last look."""
@@ -89,17 +93,29 @@ class ModuleState:
         for module in found:
             if module.__name__ not in self._from_import:
                 self._from_import[module.__name__] = self._import_bound(module)
+                self._first[module.__name__] = dict(vars(module))
         self._modules = found
 
-    @staticmethod
-    def _import_bound(module: types.ModuleType) -> dict[str, Any]:
-        """The globals of ``module`` that its import rebuilds: code, and what cannot be
-        captured (each value is tried once, here)."""
+    def _borrowed(self, name: str, value: Any) -> bool:
+        """``value`` is another (non-agent) module's object bound here by ``from M import
+        name`` (``os.environ``, a library's registry): its state belongs to that module,
+        which keeps it (and it may hold secrets)."""
+        if value is os.environ:
+            return True
+        for where in (getattr(type(value), "__module__", None), getattr(value, "__module__", None)):
+            module = sys.modules.get(where) if isinstance(where, str) else None
+            if module is not None and not self._belongs(module) and getattr(module, name, None) is value:
+                return True
+        return False
+
+    def _import_bound(self, module: types.ModuleType) -> dict[str, Any]:
+        """The globals of ``module`` that its import rebuilds: code, other modules' objects
+        imported by name, and what cannot be captured (each value is tried once, here)."""
         keep: dict[str, Any] = {}
         for name, value in list(vars(module).items()):
             if name.startswith("__") and name.endswith("__"):
                 continue
-            if _is_code(value):
+            if _is_code(value) or self._borrowed(name, value):
                 keep[name] = value
                 continue
             try:
@@ -140,6 +156,25 @@ class ModuleState:
                 data[name] = value
             state[module.__name__] = data
         return state
+
+    def release_mutated(self, state: dict[str, dict[str, Any]]) -> list[str]:
+        """Leave to the import the globals of ``state`` that cannot be captured now but are
+        still the object bound when tcc first saw the module (a module-level cache that
+        the run filled with clients): like an uncapturable object made at import, it is
+        rebuilt by the import after a crash.  Returns ``NAME (type) of file.py`` for each."""
+        released = []
+        for modname, data in state.items():
+            first = self._first.get(modname, {})
+            for name, value in data.items():
+                if name not in first or first[name] is not value:
+                    continue
+                try:
+                    dump_payload(value)
+                except errors.CaptureError:
+                    self._from_import.setdefault(modname, {})[name] = value
+                    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+                    released.append(f"{name} ({kind}) of {self._where(modname)}")
+        return released
 
     def culprit(self, state: dict[str, dict[str, Any]]) -> str | None:
         """Why ``state`` cannot be captured, naming the global, or None if every global can

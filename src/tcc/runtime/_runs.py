@@ -324,11 +324,14 @@ def _retry_plan(store: Store, run: RunInfo, pending: Pending, calls: int,
             f"run {run.run_id} failed in a call of a tcc.gather(); retrying one gathered call "
             "is not supported: fork the run from an earlier snapshot instead")
     again = dataclasses.replace(failing, outcome=None, retry=True)
-    if replay and replay[-1].key == failing.key:  # served from the journal, then re-issued
-        return pending, calls, replay[:-1] + [again]
-    if not replay and pending[0] == "throw" and failing.key.rpartition(":")[2] == str(calls):
-        args, kwargs = load_payload(failing.args)  # the frame still awaits that call
+    if pending[0] == "throw" and failing.key.rpartition(":")[2] == str(calls) \
+            and all(c.key == failing.key for c in replay):
+        # the snapshot was taken at the failed call, and the frame still awaits it (what
+        # the journal holds after it are earlier retries of that same call)
+        args, kwargs = load_payload(failing.args)
         return ("request", EffectRequest(failing.name, args, kwargs)), calls - 1, [again]
+    if replay and replay[-1].key == failing.key:  # served from the journal, then re-issued
+        return pending, calls, [c for c in replay[:-1] if c.key != failing.key] + [again]
     raise errors.UsageError(
         f"run {run.run_id}: no retained snapshot was taken at or before its failed call "
         f"{failing.name} ({failing.key}); it cannot be retried")

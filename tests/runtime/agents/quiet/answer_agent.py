@@ -32,3 +32,8 @@ async def calls_api():
 async def buggy():
     await llm("x")
     return {}["missing_key"]
+
+
+async def gathered():
+    first, second = await tcc.gather(llm("x"), llm("y"))
+    return [first, second]
