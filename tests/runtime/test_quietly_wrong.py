@@ -397,3 +397,10 @@ def test_fork_of_a_gather_checks_the_answer_and_sees_unpacked_targets(tmp_path):
     assert proc.returncode == 2 and "tcc.gather() of 2 calls" in proc.stderr
     cli.run("fork", "--at", first, "--answer", '["A", "B"]', "--run-id", "h", "g", check=True)
     assert _result(cli.run("resume", "--json", "h")) == ["A", "B"]
+
+
+def test_a_module_level_none_is_data_not_another_modules_object(tmp_path):
+    """`MARK = os.environ.get("MARK")` (None) is captured and named in no note."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--run-id", "m", f"{AGENTS / 'misc_agent.py'}:ok", check=True)
+    assert "tcc: note" not in proc.stderr

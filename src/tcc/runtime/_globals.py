@@ -44,6 +44,9 @@ _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, 
                types.ModuleType, Effect, Resource, staticmethod, classmethod)
 
 
+_MISSING: Any = object()
+
+
 def _is_code(value: Any) -> bool:
     return isinstance(value, _CODE_TYPES)
 
@@ -104,7 +107,8 @@ class ModuleState:
             return True
         for where in (getattr(type(value), "__module__", None), getattr(value, "__module__", None)):
             module = sys.modules.get(where) if isinstance(where, str) else None
-            if module is not None and not self._belongs(module) and getattr(module, name, None) is value:
+            if module is not None and not self._belongs(module) \
+                    and getattr(module, name, _MISSING) is value:
                 return True
         return False
 
