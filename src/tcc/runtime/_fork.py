@@ -73,9 +73,17 @@ def stored_answer(code: types.CodeType, offset: int) -> tuple[list[str], int] | 
     if first.opname in _STORES:
         return [str(first.argval)], line
     if first.opname == "UNPACK_SEQUENCE" and isinstance(first.arg, int):
-        targets = after[1:1 + first.arg]
-        if len(targets) == first.arg and all(ins.opname in _STORES for ins in targets):
-            return [str(ins.argval) for ins in targets], line
+        names: list[str] = []
+        for ins in after[1:]:
+            if len(names) >= first.arg:
+                break
+            if ins.opname == "STORE_FAST_STORE_FAST" and isinstance(ins.argval, tuple):
+                names += [str(n) for n in ins.argval]  # 3.13: two stores in one instruction
+            elif ins.opname in _STORES:
+                names.append(str(ins.argval))
+            else:
+                return None
+        return (names, line) if len(names) == first.arg else None
     return None
 
 
