@@ -30,7 +30,12 @@ class FirstEffect(BaseException):
     """Raised by the in-process hook to stop a recovery at its first new effect."""
 
 
-IN_PROCESS_HOOK: list[Any] = []  # [callable] while the harness measures in-process
+class Harness:
+    """What the harness sets in-process.  A class attribute, not a module-level list: tcc
+    records module-level data in snapshots and writes it back on resume (README,
+    "Module-level data"), which would replace a hook the harness installed."""
+
+    in_process_hook: list[Any] = []  # [callable] while the harness measures in-process
 
 
 def busy_work(iters: int) -> None:
@@ -42,8 +47,8 @@ def busy_work(iters: int) -> None:
 
 @tcc.effect(name="bench:step")
 def step(i: int) -> str:
-    if IN_PROCESS_HOOK:
-        IN_PROCESS_HOOK[0](i)
+    if Harness.in_process_hook:
+        Harness.in_process_hook[0](i)
     if os.environ.get("BENCH_KILL_AT") == str(i):
         os.kill(os.getpid(), signal.SIGKILL)
     first = os.environ.get("BENCH_FIRST")

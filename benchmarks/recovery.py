@@ -164,7 +164,7 @@ def in_process(store: pathlib.Path, scratch: pathlib.Path) -> float:
         seen.append(time.perf_counter())
         raise agent.FirstEffect
 
-    agent.IN_PROCESS_HOOK[:] = [hook]
+    agent.Harness.in_process_hook[:] = [hook]
     try:
         t0 = time.perf_counter()
         with open_store(copy, create=False) as st:
@@ -173,7 +173,7 @@ def in_process(store: pathlib.Path, scratch: pathlib.Path) -> float:
             except agent.FirstEffect:
                 pass
     finally:
-        agent.IN_PROCESS_HOOK.clear()
+        agent.Harness.in_process_hook.clear()
     if not seen:
         raise RuntimeError("in-process recovery never reached a new effect")
     return seen[0] - t0
@@ -260,7 +260,7 @@ def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -
                      "ratio_vs_raw": overhead / median(floor) if median(floor) else float("nan")})
         log(f"checkpoint state {size:>9,} B: overhead {overhead * 1e3:7.3f} ms/step, "
             f"raw LMDB commit {median(floor) * 1e3:7.3f} ms")
-        del agent.IN_PROCESS_HOOK[:]
+        del agent.Harness.in_process_hook[:]
     return rows
 
 
