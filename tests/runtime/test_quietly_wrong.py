@@ -17,6 +17,7 @@ import pytest
 from helpers import AGENTS, Cli
 
 QUIET = AGENTS / "quiet"
+EXAMPLES = AGENTS.parents[2] / "examples"
 
 
 def _result(proc):
@@ -403,4 +404,11 @@ def test_a_module_level_none_is_data_not_another_modules_object(tmp_path):
     """`MARK = os.environ.get("MARK")` (None) is captured and named in no note."""
     cli = Cli(tmp_path)
     proc = cli.run("run", "--run-id", "m", f"{AGENTS / 'misc_agent.py'}:ok", check=True)
+    assert "tcc: note" not in proc.stderr
+
+
+def test_names_imported_from_other_modules_are_not_named_as_uncapturable(tmp_path):
+    """`from __future__ import annotations` (a _Feature object) gives no note: it is another module's."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", str(EXAMPLES / "research_agent.py"), "topic", check=True)
     assert "tcc: note" not in proc.stderr

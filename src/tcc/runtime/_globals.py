@@ -136,7 +136,7 @@ class ModuleState:
         out = []
         for modname, bound in self._from_import.items():
             for name, value in bound.items():
-                if not _is_code(value):
+                if not _is_code(value) and not self._borrowed(name, value):
                     kind = f"{type(value).__module__}.{type(value).__qualname__}"
                     out.append(f"{name} ({kind}) of {self._where(modname)}")
         return out
