@@ -293,7 +293,7 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
 
     def per_step(strategy: str, k: int, time_parts: bool = False) -> float:
         folder = work / f"yd-run-{strategy}-{k}"
-        real_snapshot = Driver._snapshot
+        real_snapshot = Driver.snapshot
         with open_store(folder) as st:
             if time_parts:
                 real_append = st.append_completion
@@ -312,7 +312,7 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
                     finally:
                         timed["journal"].append(time.perf_counter() - t)
 
-                Driver._snapshot = snapshot  # type: ignore[method-assign]
+                Driver.snapshot = snapshot  # type: ignore[method-assign]
                 st.append_completion = append  # type: ignore[method-assign]
             try:
                 t0 = time.perf_counter()
@@ -320,7 +320,7 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
                               checkpoint_every=k)
                 elapsed = (time.perf_counter() - t0) / n
             finally:
-                Driver._snapshot = real_snapshot  # type: ignore[method-assign]
+                Driver.snapshot = real_snapshot  # type: ignore[method-assign]
         shutil.rmtree(folder, ignore_errors=True)
         return elapsed
 

@@ -5,6 +5,8 @@ ordinary ``async def`` program, store it, and resume it -- in another
 process, after a crash -- at the exact instruction where it stopped.
 """
 
+from ._start import resume as resume
+from ._start import start as start
 from ._version import __version__ as __version__
 from .capture import dumps as dumps
 from .capture import loads as loads
@@ -45,8 +47,10 @@ __all__ = [
     "loads",
     "register_reducer",
     "resource",
+    "resume",
     "sleep",
     "sleep_until",
     "spawn",
+    "start",
     "wait_for",
 ]

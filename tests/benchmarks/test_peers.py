@@ -6,13 +6,8 @@ import hashlib
 import importlib
 import math
 import pathlib
-import sys
 
 import pytest
-
-_ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
 
 peers = importlib.import_module("benchmarks.peers")
 

@@ -1,9 +1,9 @@
 """Functions of importable modules never travel with a copy of their module's globals.
 
 A decorated function is not what its module holds under its name (the wrapper
-is), so cloudpickle used to carry it by value, with copies of the globals it
-uses: a restored frame then updated stale copies of the module's state, and an
-edited body was not refused.  Each case dumps in one fresh interpreter and
+is), yet it travels without copies of the globals it uses: a restored frame
+updates the module's own state, not stale copies of it, and an edited body is
+refused.  Each case dumps in one fresh interpreter and
 loads in another, as a crashed agent would be resumed.
 """
 
@@ -199,9 +199,10 @@ def test_inspect_shows_a_decorated_frame_by_reference(tmp_path):
     blob = snapshot(tmp_path, "main")
     code = '''
 import json, sys, tcc
-from tcc.capture import _blob, _inspect
-view = _inspect.safe_loads(_blob.unseal(open(sys.argv[1], "rb").read()))
-frames, _awaiting = _inspect.describe(view, lambda module: sys.argv[2])
+from tcc.capture import _blob, safe_loads
+from tcc.cli._stack import describe
+view = safe_loads(_blob.unseal(open(sys.argv[1], "rb").read()))
+frames, _awaiting = describe(view, lambda module: sys.argv[2])
 print(json.dumps([[f.qualname, f.by_reference, f.code_changed] for f in frames]))
 '''
     out = run(tmp_path, code, str(blob), str(tmp_path / "agent.py"))

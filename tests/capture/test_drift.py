@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-import programs
 import tcc
 from tcc.capture import _blob
+from tests._support import programs
 
 AGENT_V1 = '''
 import tcc_test_req as req

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-import programs
 import tcc
 from tcc import errors
+from tests._support import programs
 
 
 class Pool:
@@ -170,6 +170,6 @@ def test_registered_reducer_rebuilds_a_refused_object():
 ])
 def test_register_reducer_refuses_misuse_at_once(cls, reducer, needle):
     """A reducer that is not callable (or a non-class) is refused when it is registered, not at
-    some later capture far from the mistake (review finding: it was accepted)."""
+    some later capture far from the mistake."""
     with pytest.raises(TypeError, match=needle):
         tcc.register_reducer(cls, reducer)

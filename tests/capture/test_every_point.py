@@ -6,13 +6,14 @@ import base64
 
 import pytest
 
-import programs
 import tcc
-from childrun import run_child_json
+from tests._support import programs
+from tests._support.childrun import run_child_json
 
 CHILD = r"""
 import base64, json, sys
-import programs, tcc
+import tcc
+from tests._support import programs
 out = []
 for line in open(sys.argv[1]):
     task, pending = tcc.loads(base64.b64decode(line))

@@ -17,9 +17,9 @@ from typing import Any, Iterator
 
 import pytest
 
-import programs
-from childrun import run_child
-from programs import Req, call
+from tests._support import programs
+from tests._support.childrun import run_child
+from tests._support.programs import Req, call
 
 _native = pytest.importorskip("tcc._native")
 from tcc.capture import _flow, _frames, _records  # noqa: E402
@@ -444,7 +444,8 @@ def test_checker_raises_only_value_error_on_garbage():
 CHILD = r"""
 import json, sys, types, warnings
 warnings.simplefilter("ignore")
-import programs, test_flow
+from tests._support import programs
+from tests.capture import test_flow
 from tcc import _native
 from tcc.capture import _flow, _frames, _records
 NULL = _records.NULL

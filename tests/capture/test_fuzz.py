@@ -40,10 +40,10 @@ import sys
 
 import pytest
 
-import programs
 import tcc
-from childrun import child_env
 from tcc.capture import _blob
+from tests._support import programs
+from tests._support.childrun import child_env
 
 MUTANTS = int(os.environ.get("TCC_FUZZ_MUTANTS", "300"))
 SLOW_MUTANTS = int(os.environ.get("TCC_SLOW_FUZZ_MUTANTS", "30000"))
@@ -53,7 +53,7 @@ import base64, json, os, sys
 import tcc
 from tcc import _native
 from tcc.capture import _records, _frames
-import programs
+from tests._support import programs
 
 mode, path = sys.argv[1], sys.argv[2]
 outcomes = {}
@@ -156,7 +156,7 @@ elif mode == "structured":
     # value-stack slot (-1: the saved exception) of every suspension point
     # (code, offset) met in the chains of the seeds.  Each round of
     # len(targets) mutants substitutes every target once, in random order.
-    import test_flow
+    from tests.capture import test_flow
     corpus = {**programs.PROGRAMS, **test_flow.TRICKY}
     seeds, targets, met = [], [], set()
     for name in sorted(corpus):

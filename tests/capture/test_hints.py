@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-import programs
 import tcc
+from tests._support import programs
 
 RESOURCE = 'tcc.resource(factory, ...), which is captured as "call the factory again"'
 

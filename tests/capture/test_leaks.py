@@ -6,8 +6,8 @@ import gc
 import os
 import sys
 
-import programs
 import tcc
+from tests._support import programs
 
 CYCLES = int(os.environ.get("TCC_LEAK_CYCLES", "10000"))
 

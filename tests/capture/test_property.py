@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-import programs
 import tcc
+from tests._support import programs
 
 NAMES = sorted(programs.PROGRAMS)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import textwrap
 
-import programs
 import tcc
-from childrun import run_child, run_child_json
+from tests._support import programs
+from tests._support.childrun import run_child, run_child_json
 
 
 def blob_arg(obj: object) -> str:
@@ -21,7 +21,8 @@ def test_close_after_restore_runs_finally_in_fresh_process():
     code = textwrap.dedent(
         """
         import base64, json, sys
-        import programs, tcc
+        import tcc
+        from tests._support import programs
         task = tcc.loads(base64.b64decode(sys.argv[1]))
         task.close()
         print(json.dumps(programs.CLEANUP_LOG))
@@ -38,7 +39,8 @@ def test_throw_after_restore_reaches_the_except_block_in_fresh_process():
     code = textwrap.dedent(
         """
         import base64, json, sys
-        import programs, tcc
+        import tcc
+        from tests._support import programs
         task = tcc.loads(base64.b64decode(sys.argv[1]))
         req = task.throw(KeyError("boom"))
         trace, result = programs.drive(task, first=programs.answer(req))
@@ -126,7 +128,8 @@ def test_unpicklable_failure_in_child_leaves_no_half_state(tmp_path):
     code = textwrap.dedent(
         """
         import base64, sys, json
-        import programs, tcc
+        import tcc
+        from tests._support import programs
         del programs.with_cleanup
         try:
             tcc.loads(base64.b64decode(sys.argv[1]))
@@ -146,7 +149,8 @@ def test_child_process_sees_no_warnings(tmp_path):
     task = programs.contexts("w")
     pending = programs.advance(task, 3)
     proc = run_child(
-        "import base64, sys, programs, tcc\n"
+        "import base64, sys, tcc\n"
+        "from tests._support import programs\n"
         "t, p = tcc.loads(base64.b64decode(sys.argv[1]))\n"
         "print(programs.drive(t, first=p)[1])\n",
         blob_arg((task, pending)),

@@ -1,17 +1,10 @@
-"""Make tests/runtime's helper module (Cli, AGENTS) importable by plain name;
-``TCC_TEST_ENCRYPT=1`` runs every test here on encrypted stores."""
+"""``TCC_TEST_ENCRYPT=1`` runs every test here on encrypted stores."""
 
-import pathlib
-import sys
 import tempfile
 
 import pytest
 
-RUNTIME = str(pathlib.Path(__file__).resolve().parent.parent / "runtime")
-if RUNTIME not in sys.path:
-    sys.path.insert(0, RUNTIME)
-
-from reliability_helpers import ENCRYPT_ALL, store_key_in_environment  # noqa: E402
+from tests._support.reliability import ENCRYPT_ALL, store_key_in_environment
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -57,7 +57,7 @@ libFuzzer does.  Environment:
 
 Without a corpus directory the script uses ``$TMPDIR/tcc-atheris/TARGET``.
 The first corpus directory is seeded with real snapshots (``tcc.dumps`` of
-the programs in ``tests/capture/programs.py`` at several suspension points)
+the programs in ``tests/_support/programs.py`` at several suspension points)
 or, for ``record``, real sealed records, chunks and manifests.  ``tcc`` and
 ``cloudpickle`` are instrumented for coverage; ``programs`` is not, so that
 its code fingerprints -- and so the saved findings -- are those of a plain
@@ -107,20 +107,19 @@ except ImportError:  # pragma: no cover - depends on the interpreter
         "CPython 3.11-3.13 on x86_64 Linux)"
     )
 
-HERE = pathlib.Path(__file__).resolve().parent
-CAPTURE_TESTS = HERE.parent / "capture"
-sys.path.insert(0, str(CAPTURE_TESTS))  # ``programs`` is pickled by that name
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # ``programs`` is pickled as ``tests._support.programs``
 
 # ``programs`` is imported uninstrumented on purpose: its code objects'
 # fingerprints are in the seeds, and a saved finding must load in a plain
 # interpreter too.
-import programs  # noqa: E402
+from tests._support import programs  # noqa: E402
 
 with atheris.instrument_imports(include=["tcc", "cloudpickle"]):
     import tcc
     from tcc.capture import dump_payload, seal
     from tcc.store import _chunks
-    from tcc.store import _refs
+    from tcc.store import _heads
     from tcc.store._codec import Corrupt, Sealer, seq_key
 
 TARGETS = ("loads", "resealed", "record")
@@ -138,7 +137,7 @@ SEALER = Sealer(SECRET)
 DBS = (b"runs", b"journal", b"snaps", b"signals", b"events", b"chunks")
 KEY = seq_key(b"tenant", b"run-1", 1)
 _decode_inline: Callable[[bytes, int], bytes] | None = getattr(_chunks, "decode_inline", None)
-_open_head: Callable[..., Any] | None = getattr(_refs, "open_head", None)  # store format 3
+_open_head: Callable[..., Any] | None = getattr(_heads, "open_head", None)  # store format 3
 
 
 # --------------------------------------------------------------------- sandbox
@@ -152,7 +151,7 @@ class SandboxDenied(PermissionError):
     """The fuzzed pickle tried a side effect the sandbox forbids."""
 
 
-_MODULES = ("builtins", "copyreg", "collections", "programs")
+_MODULES = ("builtins", "copyreg", "collections", programs.__name__)
 _MODULE_PREFIXES = ("tcc.", "cloudpickle", "collections.")
 _BUILTINS_DENIED = frozenset(
     "eval exec compile open input __import__ breakpoint exit quit help globals locals "
@@ -263,7 +262,7 @@ class Pristine:
                 obj = getattr(obj, part, None)
             objs[id(obj)] = obj
         for obj in vars(programs).values():
-            if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "programs":
+            if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == programs.__name__:
                 objs[id(obj)] = obj
         # Only what has a writable namespace: classes defined in Python, functions.
         self.saved = [
@@ -353,7 +352,7 @@ def target_record(data: bytes) -> Any:
         return _decode_inline(rest[4:], raw_len)
     if mode == 5 and _open_head is not None:
         pfx = KEY[:-8]
-        key = _refs.head_key(db.decode(), pfx)
+        key = _heads.head_key(db.decode(), pfx)
         return _open_head(SEALER, db.decode(), pfx, SEALER._mac(db, key, rest) + rest)
     return _chunks.parse_entries(rest)
 
@@ -413,7 +412,7 @@ def record_seeds() -> dict[str, bytes]:
     if _open_head is not None:
         pfx = KEY[:-8]
         for db, n in ((b"snaps", {"n": [1, 4, 5], "j": 9}), (b"journal", 7), (b"runs", 2)):
-            head = _refs.seal_head(SEALER, db.decode(), pfx, n)
+            head = _heads.seal_head(SEALER, db.decode(), pfx, n)
             out[f"head-{db.decode()}"] = bytes([5, DBS.index(db)]) + head[16:]
     return out
 

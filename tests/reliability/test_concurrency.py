@@ -38,8 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import AGENTS, Cli
-from reliability_helpers import wait_until
+from tests._support.runs import AGENTS, Cli
+from tests._support.reliability import wait_until
 
 LEDGER_AGENT = str(AGENTS / "ledger_agent.py")
 WAIT_AGENT = str(AGENTS / "wait_agent.py")
@@ -556,7 +556,7 @@ def _group_threads_in(tmp_path: Path, script: Path, runs: int, steps: int) -> No
     with open_store(tmp_path / "store", durability="group") as store:
         # loaded once up front: cold concurrent loads have their own regression test below
         runtime.load_script(str(script))
-        handle = getattr(store, "_h", None)
+        handle = getattr(getattr(store, "_scope", None), "env", None)
         batches: list[int] = []
         if handle is not None and hasattr(handle, "_run"):  # count transactions per batch (figure only)
             real = handle._run

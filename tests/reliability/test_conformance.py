@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 import pytest
-from reliability_helpers import (
+from tests._support.reliability import (
     LEDGER_AGENT,
     WAIT,
     assert_clear_error,
@@ -29,8 +29,8 @@ from reliability_helpers import (
     outcome,
     store_of,
 )
+from tests._support.runs import Cli
 
-from helpers import Cli
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 

@@ -40,10 +40,10 @@ from typing import Any
 
 import lmdb
 import pytest
-from reliability_helpers import (KEY_VARS, STORE_DBS, WAIT, is_clear_error, is_encrypted_store,
-                                 write_key_file)
+from tests._support.reliability import (KEY_VARS, STORE_DBS, WAIT, is_clear_error, is_encrypted_store,
+                                        write_key_file)
+from tests._support.runs import Cli
 
-from helpers import Cli
 
 CHILD = pathlib.Path(__file__).resolve().parent / "corruption_child.py"
 CI_MUTANTS = int(os.environ.get("TCC_RELIABILITY_CI_MUTANTS", "60"))

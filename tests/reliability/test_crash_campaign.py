@@ -2,7 +2,7 @@
 
 The reliability issue's crash campaign.  Each job (``TCC_RELIABILITY_JOBS``
 [2] threads, each with its own stores) runs the ledger agent
-(tests/runtime/agents/ledger_agent.py: one ledger line per effect, tagged
+(tests/_support/agents/ledger_agent.py: one ledger line per effect, tagged
 with the effect's idempotency key ``RUN_ID:N``) in several runs that share
 one store folder and one ledger.  A loop picks an action at random, starts
 it as its own process group and SIGKILLs the group after a random delay:
@@ -83,9 +83,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from reliability_helpers import LEDGER_AGENT, is_encrypted_store, store_key_in_environment
+from tests._support.reliability import LEDGER_AGENT, is_encrypted_store, store_key_in_environment
+from tests._support.runs import Cli
 
-from helpers import Cli
 
 KILLS = int(os.environ.get("TCC_CAMPAIGN_KILLS", "30"))
 SLOW_KILLS = int(os.environ.get("TCC_SLOW_CAMPAIGN_KILLS", "10000"))
@@ -296,7 +296,7 @@ def ledger_lines(path: pathlib.Path) -> tuple[dict[str, list[str]], list[str]]:
 
 def read_store(store_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
     """Every run of the store, read in this process: status, result, completed calls, events."""
-    from tcc.runtime._driver import logged_calls
+    from tcc.runtime._journal import logged_calls
     from tcc.store import open_store
 
     out: dict[str, dict[str, Any]] = {}

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Cli
-from reliability_helpers import wait_until
+from tests._support.runs import Cli
+from tests._support.reliability import wait_until
 
 FIG: collections.Counter[str] = collections.Counter()
 BLOB = 49152

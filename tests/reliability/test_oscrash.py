@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import store_key_in_environment
+from tests._support.reliability import store_key_in_environment
 
 FIG: collections.Counter[str] = collections.Counter()
 

@@ -19,7 +19,12 @@ import subprocess
 import sys
 
 import pytest
-from reliability_helpers import (
+
+from tcc.capture import seal
+from tcc.store._chunks import pack_entries
+from tcc.store._codec import Sealer, seq_key
+from tcc.store._heads import is_head_key
+from tests._support.reliability import (
     assert_clear_error,
     events,
     is_clear_error,
@@ -27,12 +32,7 @@ from reliability_helpers import (
     raw_items,
     raw_put,
 )
-
-from helpers import Cli
-from tcc.capture import seal
-from tcc.store._chunks import pack_entries
-from tcc.store._codec import Sealer, seq_key
-from tcc.store._refs import is_head_key
+from tests._support.runs import Cli
 
 TRIP_AGENT = '''\
 import os

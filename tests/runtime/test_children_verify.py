@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 WAIT = str(AGENTS / "wait_agent.py")
 
@@ -51,9 +51,9 @@ def test_verify_passes_or_leaves_the_run_unverified(tmp_path):
 
 def test_worker_resumes_a_parent_once_its_waiting_child_finished(tmp_path):
     """A parent parked on a child that waits for an approval says which child to look at; once
-    the child is approved and finished (by the worker), the worker resumes the parent too
-    (review finding: the parent stayed waiting for ever, and `tcc run` told the user to send
-    a signal named None)."""
+    the child is approved and finished (by the worker), the worker resumes the parent too,
+    so the parent does not wait for ever, and `tcc run` never tells the user to send a
+    signal named None."""
     cli = Cli(tmp_path)
     proc = cli.run("run", "--run-id", "pg", f"{WAIT}:parent_of_gated", check=True)
     child = cli.show("pg")["children"][0]
@@ -74,7 +74,7 @@ def test_worker_resumes_a_parent_once_its_waiting_child_finished(tmp_path):
 
 def test_spawn_with_arguments_the_child_cannot_take_raises_in_the_parent(tmp_path):
     """tcc.spawn with bad arguments raises TypeError in the parent's code, which can handle
-    it (review finding: the usage error escaped the parent's driver and left it running)."""
+    it; the usage error never escapes the parent's driver, which would leave it running."""
     cli = Cli(tmp_path)
     doc = json.loads(cli.run("run", "--json", "--run-id", "sb", f"{WAIT}:spawns_badly", check=True).stdout)
     assert doc["status"] == "completed" and doc["result"][0] == "refused", doc
@@ -84,8 +84,8 @@ def test_spawn_with_arguments_the_child_cannot_take_raises_in_the_parent(tmp_pat
 
 def test_sigterm_inside_a_child_stops_the_parent_without_failing_its_spawn(tmp_path):
     """SIGTERM while a spawned child runs in the parent's process stops both; a resume
-    finishes both (review finding: the parent journaled the stopped child as a failed
-    spawn, for good)."""
+    finishes both: the parent does not journal the stopped child as a failed spawn, which
+    would be final."""
     import signal
     import time
 
@@ -109,7 +109,7 @@ def test_sigterm_inside_a_child_stops_the_parent_without_failing_its_spawn(tmp_p
 
 def test_cancel_of_a_parent_cancels_its_waiting_child(tmp_path):
     """Cancelling a parent also cancels the unfinished child it spawned: nothing would ever
-    resume a child whose parent is cancelled, so it waited for ever (review finding).  The
+    resume a child whose parent is cancelled, so it would wait for ever.  The
     output names each child cancelled; a finished child is left as it was."""
     cli = Cli(tmp_path)
     cli.run("run", "--run-id", "pc", f"{WAIT}:parent_of_gated", check=True)
@@ -133,7 +133,7 @@ def test_cancel_of_a_parent_cancels_its_waiting_child(tmp_path):
 def test_a_child_spawned_after_its_parent_was_cancelled_is_cancelled_too(tmp_path):
     """If `tcc cancel` of the parent commits while the parent is spawning (after the cancel
     listed the parent's children), the spawn cancels the new child itself and stops the
-    parent, so no child is left waiting for ever (review finding)."""
+    parent, so no child is left waiting for ever."""
     import pytest
 
     from tcc import errors, runtime

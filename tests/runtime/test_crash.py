@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 KILLS = int(os.environ.get("TCC_CRASH_KILLS", "20"))
 STEPS = 40

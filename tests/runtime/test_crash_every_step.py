@@ -1,4 +1,4 @@
-"""The crash-every-step checker over agents of the patterns that used to resume wrong (issue 17).
+"""The crash-every-step checker over agents whose patterns must resume exactly as they ran (issue 17).
 
 Each agent is run uninterrupted, then SIGKILLed after each of its journaled steps in turn and
 resumed; the resumed outcome must equal the uninterrupted one, with no effect call completed
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import tcc.testing
-from helpers import AGENTS
+from tests._support.runs import AGENTS
 
 QUIET = AGENTS / "quiet"
 STRATEGIES = [("continuation", None), ("hybrid", 2), ("replay", None)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 WAIT = str(AGENTS / "wait_agent.py")
 
@@ -49,8 +49,8 @@ def test_fork_set_unknown_local_is_a_usage_error(tmp_path):
 
 def test_fork_of_a_missing_snapshot_is_a_usage_error_like_inspect(tmp_path):
     """`tcc fork --at N` of a snapshot that is not there, and a fork of a run without snapshots,
-    exit 2 with the retained numbers or the reason, as `tcc inspect` does (review finding: fork
-    exited 1, and told a completed replay run to "resume it first")."""
+    exit 2 with the retained numbers or the reason, as `tcc inspect` does (not exit 1, and a
+    completed replay run is never told to "resume it first")."""
     cli = Cli(tmp_path)
     cli.run("run", "--run-id", "src", f"{WAIT}:gated", check=True)
     retained = [s["number"] for s in cli.show("src")["snapshots"]]

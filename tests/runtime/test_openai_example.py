@@ -24,7 +24,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from helpers import Cli  # noqa: E402
+from tests._support.runs import Cli  # noqa: E402
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 AGENT = str(EXAMPLES / "openai_agent.py")

@@ -13,11 +13,11 @@ import subprocess
 import sys
 
 import pytest
-
-from helpers import AGENTS, Cli
+from tests._support import ROOT
+from tests._support.runs import AGENTS, Cli
 
 QUIET = AGENTS / "quiet"
-EXAMPLES = AGENTS.parents[2] / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def _result(proc):
@@ -335,7 +335,7 @@ def test_the_requests_await_code_is_unchanged_so_older_snapshots_resume():
         assert fingerprint(code).hex()[:16] == expected, name
 
 
-# ------------------------------------------------------------ review findings
+# ------------------------------------------------------------ edge cases of the patterns above
 
 @pytest.mark.parametrize("strategy", ["replay", "hybrid"])
 def test_a_dataclass_holding_a_resource_is_the_same_argument_under_replay(tmp_path, strategy):

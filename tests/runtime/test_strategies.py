@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 LEDGER_AGENT = str(AGENTS / "ledger_agent.py")
 STEPS = 12

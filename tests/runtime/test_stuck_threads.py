@@ -2,9 +2,9 @@
 
 A timed-out sync call's thread cannot be stopped.  The driver waits for it
 before a retry, before another call of the same effect and when the drive
-ends; it used to do so without looking at SIGTERM, and the executor thread
-was joined again at interpreter exit, so one stuck call kept a stopped run's
-process alive for as long as the call took.  Each test runs ``tcc run`` in a
+ends; each of those waits stops on SIGTERM, and the call runs in a daemon
+thread that interpreter exit does not join, so one stuck call never keeps a
+stopped run's process alive while the call runs.  Each test runs ``tcc run`` in a
 real process whose stuck call would take 600 s; a process that does not end
 within 60 s of SIGTERM fails the test.
 """
@@ -19,7 +19,7 @@ import time
 from tcc.errors import RunNotFoundError
 from tcc.store import open_store
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 AGENT = str(AGENTS / "stuck_agent.py")
 
@@ -195,7 +195,7 @@ def test_retry_backoff_doubles_and_is_capped():
     for a very long retry chain (an uncapped 2**n overflowed the float)."""
     import threading
 
-    from tcc.runtime._driver import _backoff
+    from tcc.runtime._attempts import _backoff
 
     assert [_backoff(0.5, n) for n in range(4)] == [0.5, 1.0, 2.0, 4.0]
     assert _backoff(0, 10_000) == 0
@@ -207,7 +207,7 @@ def test_retry_backoff_doubles_and_is_capped():
 def test_a_parked_run_keeps_its_lease_until_a_stuck_thread_ends(tmp_path):
     """A run that parks (here for an approval) while a timed-out call's thread still runs
     keeps its lease until that thread ends, so no other process resumes the run beside
-    the stuck call (review finding: the lease was released first)."""
+    the stuck call; the lease is not released before the thread ends."""
     cli = _cli(tmp_path)
     proc = cli.popen("run", "--json", "--run-id", "p1", f"{AGENT}:park_with_a_stuck_thread")
     _until(lambda: _status(cli, "p1") == "waiting", "the run to park", proc)

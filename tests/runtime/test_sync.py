@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 WAIT = str(AGENTS / "wait_agent.py")
 

@@ -9,7 +9,7 @@ from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from helpers import AGENTS  # noqa: E402
+from tests._support.runs import AGENTS  # noqa: E402
 
 EXPORTER = InMemorySpanExporter()
 PROVIDER = otel_sdk.TracerProvider()

@@ -6,7 +6,7 @@ import json
 import signal
 import time
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 WAIT = str(AGENTS / "wait_agent.py")
 
@@ -144,7 +144,7 @@ def _assert_stopped_by_cancel(cli: Cli, proc, run_id: str, doing: str) -> None:
 
 def test_cancel_stops_an_owner_waiting_in_process(tmp_path):
     """A run polling for its approval in-process (--wait) notices `tcc cancel` while it waits,
-    exits 1 saying so, and writes nothing after the cancel (it used to wait out --wait)."""
+    exits 1 saying so without waiting out --wait, and writes nothing after the cancel."""
     cli = Cli(tmp_path)
     proc = cli.popen("run", "--json", "--wait", "300", "--run-id", "wc", f"{WAIT}:gated")
     _until(lambda: cli.run("show", "--json", "wc").returncode == 0
@@ -213,7 +213,7 @@ def test_sigterm_parks_a_run_sleeping_in_process(tmp_path):
 
 def test_show_does_not_count_wait_and_sleep_markers_as_effects(tmp_path):
     """`tcc show` counts effects as `tcc run` does: a finished sleep or wait is not an effect
-    (review finding: a run with 2 effect calls and a sleep showed 3)."""
+    (a run with 2 effect calls and a sleep shows 2, not 3)."""
     cli = Cli(tmp_path)
     done = start(cli, "n", "sleeper", "0")
     assert done["status"] == "completed" and done["effects"] == 2

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import AGENTS, Cli
+from tests._support.runs import AGENTS, Cli
 
 WAIT = str(AGENTS / "wait_agent.py")
 LEDGER_AGENT = str(AGENTS / "ledger_agent.py")
@@ -140,8 +140,8 @@ def test_worker_logs_why_a_resume_failed(tmp_path):
 
 def test_worker_backs_off_a_run_whose_resume_keeps_failing(tmp_path):
     """A run whose resume fails is not resumed again at the next poll, but after a delay that
-    doubles with each failure (review finding: a run that could not start was taken over,
-    its epoch raised, at every poll, for ever)."""
+    doubles with each failure, so a run that cannot start is not taken over (its epoch
+    raised) at every poll for ever."""
     from tcc.runtime import Worker
     from tcc.store import open_store
 
@@ -187,7 +187,7 @@ def _damage_run_record(store: str, run_id: str) -> None:
 
 def test_worker_skips_a_damaged_run_and_serves_the_others(tmp_path: Path) -> None:
     """A run record that fails verification is logged once and skipped; the worker goes on
-    taking over the other runs (it used to stop at the first damaged record)."""
+    taking over the other runs instead of stopping at the first damaged record."""
     from tcc.runtime import Worker
     from tcc.store import open_store
 
@@ -230,7 +230,7 @@ def test_ls_lists_intact_runs_and_names_a_damaged_one(tmp_path: Path) -> None:
 def test_worker_says_when_it_created_the_store(tmp_path: Path) -> None:
     """A worker pointed at a path with no store (a typo in --store) creates an empty one, as
     a worker started before any run must, but says so on stderr instead of polling an
-    empty store in silence (review finding); an existing store gets no such notice."""
+    empty store in silence; an existing store gets no such notice."""
     cli = Cli(tmp_path)
     typo = tmp_path / "stroe"
     first = cli.run("worker", "--once", "--store", str(typo), check=True)
@@ -241,7 +241,7 @@ def test_worker_says_when_it_created_the_store(tmp_path: Path) -> None:
 
 def test_show_says_when_a_running_runs_owner_is_gone(tmp_path: Path) -> None:
     """`tcc show` of a run whose owner was killed says the owner is gone and what takes the
-    run over (review finding: it showed `running` with the dead owner as if it were alive);
+    run over, instead of showing `running` as if the dead owner were alive;
     while the owner lives it says nothing of the kind."""
     ledger = tmp_path / "ledger.txt"
     cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.2", STEPS="50")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tcc.store import LmdbStore, open_store
+from tests._support.users import Users, public_dir, scratch_base, users_or_skip
 
 
 @pytest.fixture
@@ -24,3 +25,25 @@ def store(store_path: str) -> Iterator[LmdbStore]:
         yield s
     finally:
         s.close()
+
+
+# Two real users, for the store-trust tests (see tests/_support/users.py).
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A scratch directory (0755) that user B can reach, removed afterwards."""
+    with scratch_base() as path:
+        yield path
+
+
+@pytest.fixture
+def users(base: Path) -> Users:
+    """Users A and B, or a loud skip where this process cannot be two users."""
+    return users_or_skip(base)
+
+
+@pytest.fixture
+def pub(base: Path) -> Path:
+    """A directory every user may write (0777, no sticky bit), inside ``base``."""
+    return public_dir(base)

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_helpers import payload, run_python
 
 import tcc.store
 from tcc.errors import FencedError, RunNotFoundError, StoreCorruptError, StoreError, StoreNotFoundError
 from tcc.store import Completion, LmdbStore, Store, open_store
-from tcc.store._refs import HEAD, is_head_key
+from tcc.store._heads import HEAD, is_head_key
+from tests._support.stores import payload, run_python
 
 
 def test_public_names_exported_once() -> None:
@@ -299,8 +299,8 @@ def test_use_after_fork_refused(store_path: str) -> None:
             except StoreError as exc:
                 if "fork" not in str(exc):
                     os._exit(2)
-            # the documented remedy works: a store of the child's own (review finding:
-            # py-lmdb refused it, as the parent's environment was still open in the child)
+            # the documented remedy works: the child opens a store of its own at the same
+            # path, whatever it inherited of the parent's open environment
             mine = open_store(sys.argv[1])
             mine.create_run("e", run_id="from-child")
             mine.close()
@@ -383,7 +383,7 @@ def test_consumption_whose_journal_record_was_lost_leaves_the_signal_pending(
                      consume_signal="go@1")
         assert (s.peek_signal("r", "go@1"), s.signal_state("r", "go@1")) == (None, "consumed")
         key = b"default\x00r\x00go@1"
-        tomb = s._read(lambda txn: bytes(txn.get(key, db=s._dbs["signals"])))  # type: ignore[attr-defined]
+        tomb = s._scope.read(lambda txn: bytes(txn.get(key, db=s._scope.dbs["signals"])))  # type: ignore[attr-defined]
     env = lmdb.open(store_path, max_dbs=16)
     with env.begin(write=True) as txn:  # that signal record, in the earlier state
         txn.put(key, tomb, db=env.open_db(b"signals", txn=txn))
@@ -407,7 +407,7 @@ def test_journal_shorter_than_its_snapshot_index_is_damage(store_path: str) -> N
         run = s.create_run("e", run_id="r")
         seq = s.append_intent("r", run.epoch, "act")
         head = b"default\x00r\x00" + HEAD
-        stale = s._read(lambda txn: bytes(txn.get(head, db=s._dbs["journal"])))  # type: ignore[attr-defined]
+        stale = s._scope.read(lambda txn: bytes(txn.get(head, db=s._scope.dbs["journal"])))  # type: ignore[attr-defined]
         s.checkpoint("r", run.epoch, b"state", completion=Completion(seq, result=b"ok"))
     env = lmdb.open(store_path, max_dbs=16)
     with env.begin(write=True) as txn:  # the journal leaf as it was before the checkpoint
@@ -458,10 +458,10 @@ def _set_format_version(path: str, version: int) -> None:
 def _creating_format_3() -> Iterator[None]:
     """Stores created inside are format 3 (BLAKE2b chunk addresses), as tcc wrote them
     before format 4; what opens them afterwards is today's code."""
-    from tcc.store import _env
+    from tcc.store import _format
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_env, "FORMAT", {**_env.FORMAT, "version": 3})
+        m.setattr(_format, "FORMAT", {**_format.FORMAT, "version": 3})
         yield
 
 
@@ -544,14 +544,14 @@ def test_new_stores_address_chunks_with_blake3_and_format_3_stores_keep_blake2b(
     with open_store(store_path) as s:
         run = s.create_run("e", run_id="r")
         s.checkpoint("r", run.epoch, payload(1, 60_000))
-        assert s._h.sealer.chunk_hash == "blake3"
+        assert s._scope.env.sealer.chunk_hash == "blake3"
     assert _format_version(store_path) == 4
     old = str(tmp_path / "old")
     with _creating_format_3(), open_store(old) as s:
         run = s.create_run("e", run_id="r")
         s.checkpoint("r", run.epoch, payload(1, 60_000))
     with open_store(old) as s:
-        assert s._h.sealer.chunk_hash == "blake2b"
+        assert s._scope.env.sealer.chunk_hash == "blake2b"
         assert s.load_snapshot("r") == payload(1, 60_000)
         grown = payload(1, 60_000) + payload(2, 3_000)
         s.checkpoint("r", run.epoch, grown)
@@ -565,8 +565,8 @@ def test_a_format_version_changed_by_damage_is_refused_at_open(
         store_path: str, written: int, claimed: int) -> None:
     """The format version picks the chunk hash, and the header's MAC covers it from format 4
     on: a version that damage changed between 3 and 4 is refused at open, naming both, instead
-    of reading with the wrong hash (every chunk failed, and one gc deleted every chunk below
-    the group nodes: review finding).  Set back, the store reads as before."""
+    of reading with the wrong hash (where every chunk fails, and gc would delete every chunk
+    below the group nodes).  Set back, the store reads as before."""
     make = _creating_format_3() if written == 3 else contextlib.nullcontext()
     with make, open_store(store_path) as s:
         run = s.create_run("e", run_id="r")
@@ -609,7 +609,7 @@ def test_cancel_run_fences_the_owner_and_is_final(store_path: str) -> None:
 def test_upgrade_waits_for_the_store_to_be_unshared(store_path: str) -> None:
     """An old store is upgraded only when no other process has it open (an older tcc still
     running would keep writing records without head records): otherwise a clear error,
-    and the store stays as it was (review finding)."""
+    and the store stays as it was."""
     import fcntl
 
     with _creating_format_3(), open_store(store_path) as s:
@@ -633,7 +633,7 @@ def test_upgrade_waits_for_the_store_to_be_unshared(store_path: str) -> None:
 
 def test_read_only_store_directory_is_a_clear_error(tmp_path, monkeypatch):
     """A store whose lock file cannot be opened for writing (a read-only file system) is a
-    StoreError naming the store and the remedy, not a bare OSError (review finding)."""
+    StoreError naming the store and the remedy, not a bare OSError."""
     import errno
 
     import tcc.store._env as env_mod
@@ -657,7 +657,7 @@ def test_read_only_store_directory_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_completed_run_is_final_for_every_writer(store_path: str) -> None:
     """A completed run cannot be reopened, re-completed or checkpointed through the store API
-    (review finding: only the epoch was checked, so set_status and checkpoint went through)."""
+    (set_status and checkpoint check the run's status, not only the epoch)."""
     with open_store(store_path) as s:
         run = s.create_run("e", run_id="r")
         s.set_status("r", run.epoch, "completed", result=b"R")
@@ -694,7 +694,7 @@ def test_completed_run_is_final_for_every_writer(store_path: str) -> None:
 ])
 def test_wrong_types_are_refused_and_nothing_is_written(store_path: str, call, needle) -> None:
     """Values of the wrong type are a UsageError naming the argument, and nothing is written
-    (review finding: an int payload was stored as that many zero bytes)."""
+    (an int payload is refused, not stored as that many zero bytes)."""
     from tcc.errors import UsageError
 
     with open_store(store_path) as s:
@@ -724,7 +724,7 @@ def test_bad_open_arguments_are_usage_errors(store_path: str) -> None:
 def test_fork_inside_a_store_call_keeps_the_parents_transaction(store_path: str) -> None:
     """A child forked while the parent is inside a transaction must not release the parent's
     copy: closing it would abort that transaction in lock.mdb, so the parent's read snapshot
-    would lose its protection (review finding). The child gets a clear error instead, and the
+    would lose its protection. The child gets a clear error instead, and the
     parent's open read still sees its snapshot after many commits."""
     out = run_python(
         """
@@ -735,7 +735,7 @@ def test_fork_inside_a_store_call_keeps_the_parents_transaction(store_path: str)
         s.create_run("e", run_id="r")
         s.checkpoint("r", 1, b"v1")
         def inside(txn):
-            before = txn.stat(s._dbs["snaps"])["entries"]
+            before = txn.stat(s._scope.dbs["snaps"])["entries"]
             pid = os.fork()
             if pid == 0:
                 try:
@@ -744,14 +744,14 @@ def test_fork_inside_a_store_call_keeps_the_parents_transaction(store_path: str)
                 except StoreError as exc:
                     os._exit(0 if "forked while another thread" in str(exc) else 2)
             _, status = os.waitpid(pid, 0)
-            readers = s._h.env.readers()
+            readers = s._scope.env.env.readers()
             w = open_store(sys.argv[1], durability="none", tenant="other")
             for i in range(30):  # commits that would reuse the pages of an unprotected snapshot
                 rid = w.create_run("e").run_id
                 w.checkpoint(rid, 1, os.urandom(3000))
             w.close()
-            return os.waitstatus_to_exitcode(status), readers, before == txn.stat(s._dbs["snaps"])["entries"]
-        code, readers, same = s._read(inside)
+            return os.waitstatus_to_exitcode(status), readers, before == txn.stat(s._scope.dbs["snaps"])["entries"]
+        code, readers, same = s._scope.read(inside)
         print(code, "no active readers" not in readers.lower(), same, s.load_snapshot("r"))
         """,
         store_path,

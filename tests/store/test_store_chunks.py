@@ -95,7 +95,7 @@ def test_deferred_releases_keep_counts_exact(tmp_path: object) -> None:
     exact, and the chunks stored beyond those the kept snapshots hold never
     exceed one batch of pending releases.
     """
-    from tcc.store._refs import FLUSH_RELEASES
+    from tcc.store._chunkrefs import FLUSH_RELEASES
 
     path = str(tmp_path) + "/s"  # type: ignore[operator]
     rng = random.Random(5)
@@ -131,19 +131,20 @@ def test_deferred_releases_keep_counts_exact(tmp_path: object) -> None:
 
 def _chunk_census(s: object) -> tuple[int, int]:
     """(chunks stored, chunks some kept snapshot's manifest references), read from the store."""
-    from tcc.store._refs import is_head_key, iter_prefix
+    from tcc.store._codec import iter_prefix
+    from tcc.store._heads import is_head_key
 
     def op(txn: object) -> tuple[int, int]:
-        dbs = s._dbs  # type: ignore[attr-defined]
+        dbs = s._scope.dbs  # type: ignore[attr-defined]
         stored = sum(1 for k, _ in iter_prefix(txn, dbs["chunks"], b"") if k.endswith(b"d"))
         held: set[int] = set()
         for key, value in iter_prefix(txn, dbs["snaps"], b""):
             if is_head_key("snaps", key):  # a run's snapshot index, not a snapshot
                 continue
-            held |= s._held.held(txn, dbs, bytes(key), bytes(value)).ids  # type: ignore[attr-defined]
+            held |= s._scope.held.held(txn, dbs, bytes(key), bytes(value)).ids  # type: ignore[attr-defined]
         return stored, len(held)
 
-    return s._read(op)  # type: ignore[attr-defined,no-any-return]
+    return s._scope.read(op)  # type: ignore[attr-defined,no-any-return]
 
 
 def _kinds(pieces: list[bytes]) -> tuple[ChunkEncoder, list[int]]:

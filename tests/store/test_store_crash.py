@@ -10,10 +10,11 @@ import sys
 import textwrap
 
 import pytest
-from store_helpers import payload, run_python
 
 from tcc.errors import FencedError
 from tcc.store import Completion, open_store
+from tests._support import ROOT
+from tests._support.stores import payload, run_python
 
 # The child claims the run (taking it over from the killed predecessor), then
 # loops intent + checkpoint, printing the step number only after checkpoint()
@@ -22,7 +23,7 @@ _CHILD = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, sys.argv[3])
-    from store_helpers import payload
+    from tests._support.stores import payload
     from tcc.errors import RunNotFoundError
     from tcc.store import Completion, open_store
     s = open_store(sys.argv[1], durability=sys.argv[2])
@@ -43,7 +44,7 @@ _CHILD = textwrap.dedent(
 
 def _kill_cycles(path: str, kills: int, durability: str, seed: int) -> None:
     rng = random.Random(seed)
-    here = os.path.dirname(__file__)
+    here = str(ROOT)  # the child imports tests._support.stores from the repository root
     acked = -1
     for cycle in range(kills):
         proc = subprocess.Popen(
@@ -133,7 +134,7 @@ def test_concurrent_processes_share_store(store_path: str) -> None:
         """
         import sys
         sys.path.insert(0, sys.argv[3])
-        from store_helpers import payload
+        from tests._support.stores import payload
         from tcc.store import Completion, open_store
         with open_store(sys.argv[1], map_size=1 << 20) as s:
             rid = sys.argv[2]
@@ -144,7 +145,7 @@ def test_concurrent_processes_share_store(store_path: str) -> None:
                              completion=Completion(seq))
         """
     )
-    here = os.path.dirname(__file__)
+    here = str(ROOT)  # the child imports tests._support.stores from the repository root
     with open_store(store_path, map_size=1 << 20):
         pass
     procs = [subprocess.Popen([sys.executable, "-c", code, store_path, f"p{i}", here],

@@ -9,10 +9,11 @@ import subprocess
 import uuid
 
 import pytest
-from store_helpers import payload, run_python
 
 from tcc.errors import StoreFullError
 from tcc.store import Completion, open_store
+from tests._support import ROOT
+from tests._support.stores import payload, run_python
 
 _WORDS = ["".join(random.Random(i).choice("abcdefghijklmnopqrstuvwxyz") for _ in range(2 + i % 8))
           for i in range(2000)]
@@ -110,7 +111,7 @@ def test_map_full_at_maximum(store_path: str) -> None:
 _FILL = """
 import sys
 sys.path.insert(0, sys.argv[2])
-from store_helpers import payload
+from tests._support.stores import payload
 from tcc.errors import StoreFullError
 from tcc.store import open_store
 {prelude}
@@ -138,7 +139,7 @@ def _check_after_full(store_path: str, out: str) -> None:
 
 def test_disk_full_via_file_size_limit(store_path: str) -> None:
     """A write failing like a full disk (EFBIG/EIO) raises StoreFullError; commits survive."""
-    here = os.path.dirname(__file__)
+    here = str(ROOT)  # the child imports tests._support.stores from the repository root
     prelude = ("import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
                "resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))")
     out = run_python(_FILL.format(prelude=prelude), store_path, here)
@@ -157,7 +158,7 @@ def test_disk_full_on_small_tmpfs(tmp_path: object) -> None:
         pytest.skip(f"cannot mount a tmpfs here ({exc}); the file-size-limit test covers ENOSPC")
     try:
         path = os.path.join(mnt, "store")
-        out = run_python(_FILL.format(prelude=""), path, os.path.dirname(__file__))
+        out = run_python(_FILL.format(prelude=""), path, str(ROOT))
         assert out.returncode == 0, out.stderr
         _check_after_full(path, out.stdout)
     finally:

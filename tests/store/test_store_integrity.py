@@ -9,12 +9,12 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from store_helpers import payload
 
 from tcc.errors import StoreCorruptError, StoreError
 from tcc.store._chunks import INLINE_MAX
-from tcc.store._refs import HEAD, head_key, is_head_key
+from tcc.store._heads import HEAD, head_key, is_head_key
 from tcc.store import Completion, open_store
+from tests._support.stores import payload
 
 
 def _edit(path: str, db: bytes, fn: object) -> None:
@@ -532,7 +532,7 @@ def test_gc_leaves_a_damaged_run_alone_and_says_so(store_path: str) -> None:
     """gc applies retention to intact runs and skips one whose snapshot index disagrees with
     its records (deleting there could lose more), with a warning naming the run.  The moved
     record no longer verifies at its new key, so the sweep frees no chunk either, and says so."""
-    from tcc.store._env import StoreDamageWarning
+    from tcc.store import StoreDamageWarning
 
     _make(store_path, n=3)
     with open_store(store_path, keep=3) as s:
@@ -554,7 +554,7 @@ def test_gc_leaves_a_damaged_run_alone_and_says_so(store_path: str) -> None:
 
 def test_snapshot_lost_below_the_newest_is_recorded_and_dropped(store_path: str) -> None:
     """A lost OLDER snapshot is no reason to fall back, but it is damage: latest_good_snapshot
-    records it and drops it from the index, so the run can checkpoint again (review finding)."""
+    records it and drops it from the index, so the run can checkpoint again."""
     _make(store_path, n=3)
     first = _snap_keys(store_path)[0]
     _move(store_path, first, first[:-11] + b"\xfe" + first[-10:])
@@ -570,7 +570,7 @@ def test_snapshot_lost_below_the_newest_is_recorded_and_dropped(store_path: str)
 
 def test_lost_count_record_is_not_recreated_silently(store_path: str) -> None:
     """Adding a run when the tenant's run count is gone (and runs exist) is refused: only
-    damage removes it, and recounting would hide what else went with it (review finding)."""
+    damage removes it, and recounting would hide what else went with it."""
     with open_store(store_path) as s:
         for rid in ("a", "b"):
             s.create_run("e", run_id=rid)
@@ -625,8 +625,8 @@ def test_meta_txnid_that_looks_newer_is_refused(store_path: str) -> None:
 def test_gc_frees_no_chunk_while_a_snapshot_fails_verification(store_path: str) -> None:
     """While a snapshot record fails verification, gc deletes no chunk and says why: the chunks
     it references cannot be known, and damage that is undone (the record restored) must find
-    them there (review finding: gc deleted them, so restoring the record did not help)."""
-    from tcc.store._env import StoreDamageWarning
+    them there, so restoring the record is enough to recover the snapshot."""
+    from tcc.store import StoreDamageWarning
 
     _make(store_path, n=1, size=400_000)
     key = _snap_keys(store_path)[0]

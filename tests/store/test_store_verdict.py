@@ -11,12 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from store_helpers import payload
 
 from tcc.errors import StoreCorruptError
 from tcc.store import Completion, open_store
 from tcc.store import _verified
 from tcc.store._verified import VERIFIED_NAME
+from tests._support.stores import payload
 
 pytestmark = pytest.mark.skipif(_verified.boot_id() is None,
                                 reason="this system does not tell its boot id: every open walks")
@@ -33,7 +33,7 @@ def _fill(path: str, n: int = 4) -> None:
 def _walked(path: str) -> bool:
     with open_store(path) as s:
         s.get_run("r")
-        return bool(s._h.walked)
+        return bool(s._scope.env.walked)
 
 
 def _rewrite_same_bytes(path: str) -> None:
@@ -123,7 +123,7 @@ def test_store_check_settings(store_path: str, mode: str, monkeypatch: pytest.Mo
     _fill(store_path)
     monkeypatch.setenv("TCC_STORE_CHECK", mode)
     with open_store(store_path) as s:
-        assert s._h.walked is (mode == "full")
+        assert s._scope.env.walked is (mode == "full")
         seq = s.append_intent("r", 1, "more")
         s.checkpoint("r", 1, payload(7, 30_000), completion=Completion(seq))
     monkeypatch.setenv("TCC_STORE_CHECK", "auto")
@@ -137,7 +137,7 @@ def test_a_second_writer_process_keeps_the_verdict_current(store_path: str) -> N
         import sys
         from tcc.store import Completion, open_store
         with open_store(sys.argv[1]) as s:
-            assert s._h.walked is False
+            assert s._scope.env.walked is False
             rid = s.create_run("e").run_id
             seq = s.append_intent(rid, 1, "x")
             s.checkpoint(rid, 1, b"y" * 20000, completion=Completion(seq))
@@ -171,7 +171,7 @@ def test_recovery_after_sigkill_skips_the_walk_and_finds_every_commit(store_path
             proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     with open_store(store_path) as s:
-        assert s._h.walked is False
+        assert s._scope.env.walked is False
         assert s.load_snapshot("r") == b"%06d" % 49 * 5000
         assert len(s.journal("r")) == 100
 
@@ -180,22 +180,22 @@ def test_a_write_during_the_open_is_not_vouched_for(store_path: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A write landing while an open checks the file (after the state it vouches for was
     taken) leaves no verdict for the changed file: the next open walks."""
-    from tcc.store import _env
+    from tcc.store import _structure
 
     _fill(store_path)
-    real = _env.check_data_file
+    real = _structure.check_data_file
 
     def check_then_write(*args: object, **kwargs: object) -> object:
         report = real(*args, **kwargs)  # type: ignore[arg-type]
         _rewrite_same_bytes(store_path)
         return report
 
-    monkeypatch.setattr(_env, "check_data_file", check_then_write)
+    monkeypatch.setattr(_structure, "check_data_file", check_then_write)
     for mode in ("auto", "full"):  # the verdict matched / the file was walked
         monkeypatch.setenv("TCC_STORE_CHECK", mode)
         with open_store(store_path) as s:
             s.get_run("r")
-    monkeypatch.setattr(_env, "check_data_file", real)
+    monkeypatch.setattr(_structure, "check_data_file", real)
     monkeypatch.setenv("TCC_STORE_CHECK", "auto")
     assert _walked(store_path) is True
 
@@ -269,7 +269,7 @@ def test_compaction_walks_the_new_file_and_vouches_for_it(store_path: str) -> No
     _fill(store_path)
     with open_store(store_path) as s:
         s.compact()
-        assert s._h.walked is True
+        assert s._scope.env.walked is True
     assert _walked(store_path) is False
 
 

@@ -1,5 +1,9 @@
 """Continuation capture: object graphs holding live generators <-> bytes.
 
+:func:`safe_loads` reads a payload without running anything it contains, into
+views (:class:`FrameView`, :class:`CodeView`, :class:`Stub`...) that a display
+shows with a :class:`ViewRepr`.
+
 This package knows nothing about stores or runtimes.
 """
 
@@ -11,16 +15,46 @@ from ._blob import interpreter_tag as interpreter_tag
 from ._blob import seal as seal
 from ._blob import unseal as unseal
 from ._frames import available as native_available
+from ._frames import code_of as code_of
+from ._frames import slot_names as slot_names
+from ._fingerprint import fingerprint as fingerprint
 from ._pickler import register_reducer as register_reducer
+from ._safeload import safe_loads as safe_loads
+from ._viewrepr import ViewRepr as ViewRepr
+from ._viewrepr import views_shown_by as views_shown_by
+from ._views import UNBOUND as UNBOUND
+from ._views import AnyCode as AnyCode
+from ._views import CellView as CellView
+from ._views import CodeView as CodeView
+from ._views import FrameView as FrameView
+from ._views import Stub as Stub
+from ._views import code_line as code_line
+from ._views import frame_view as frame_view
+from ._views import stub_name as stub_name
 
 __all__ = [
+    "UNBOUND",
+    "AnyCode",
+    "CellView",
+    "CodeView",
+    "FrameView",
+    "Stub",
+    "ViewRepr",
+    "code_line",
+    "code_of",
     "dump_payload",
     "dumps",
+    "fingerprint",
+    "frame_view",
     "interpreter_tag",
     "load_payload",
     "loads",
     "native_available",
     "register_reducer",
+    "safe_loads",
     "seal",
+    "slot_names",
+    "stub_name",
     "unseal",
+    "views_shown_by",
 ]

@@ -1104,8 +1104,8 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
        except* block's list of raised exceptions holding anything but
        exceptions or None.  The kinds are tested on the object's real type
        (``tcc._native.check_kinds``): a ``__class__`` property or a metaclass
-       ``__getattr__`` cannot fake them (found by fuzzing and review: each of
-       these crashed the interpreter).
+       ``__getattr__`` cannot fake them (each of these, written into a frame,
+       would crash the interpreter).
 
     Offsets that are not suspension points are left to ``tcc._native``.
     """

@@ -16,10 +16,11 @@ import os
 import platform
 
 _IMPORT_ERROR: str | None = None
+_native_mod: Any  # tcc._native (types in _native.pyi), or None where it is unavailable
 try:
     if os.environ.get("TCC_DISABLE_NATIVE", "") not in ("", "0"):
         raise ImportError("disabled by TCC_DISABLE_NATIVE")
-    from .. import _native as _native_mod  # type: ignore[attr-defined]  # C extension, no stubs
+    from .. import _native as _native_mod  # the C extension; types in _native.pyi
 except ImportError as exc:  # exercised with TCC_DISABLE_NATIVE=1
     _native_mod = None
     _IMPORT_ERROR = str(exc)
@@ -54,6 +55,7 @@ def native() -> Any:
 
 
 def code_of(gen: Any) -> types.CodeType:
+    """The code object of a generator or coroutine."""
     code: types.CodeType = gen.gi_code if isinstance(gen, types.GeneratorType) else gen.cr_code
     return code
 

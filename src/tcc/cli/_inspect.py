@@ -1,6 +1,7 @@
 """``tcc inspect``: the frozen call stack of a snapshot, like a traceback.
 
-The snapshot is read with :mod:`tcc.capture._inspect`'s restricted unpickler:
+The snapshot is read with :func:`tcc.capture.safe_loads`, a restricted
+unpickler, and its frames are described by :func:`tcc.cli._stack.describe`:
 nothing is resumed, the agent's script is not imported and no user code runs
 (``--unsafe-repr`` imports the script, loads the snapshot normally and uses
 real reprs: any code in the snapshot runs, which is why the CLI asks first).
@@ -20,45 +21,53 @@ import os
 import sys
 from typing import Any
 
-from .. import errors
-from ..capture import _inspect as insp
-from ..capture import load_payload, unseal
-from ..runtime import _scripts
-from ..runtime._driver import STATE_TAG
-from ..store import RunInfo, SnapshotInfo, Store
+from ..runtime import (SCRIPT_PREFIX, is_module_entry, script_display_name, script_module_name,
+                       snapshot_state, split_entry)
+from ..store import RunInfo, Store
 from ._render import clean
+from ._safe_repr import safe_repr
+from ._stack import Awaiting, FrameInfo, Locator, Readable, describe, find_module_file
 
-# Generators loaded for --unsafe-repr are kept alive: collecting a suspended
-# coroutine would close it, running its `finally` blocks.
-_KEEP: list[Any] = []
+def _entry_file(run: RunInfo) -> tuple[str, str]:
+    """(the file of the run's entry, the folder whose ``.py`` files inspect may show).
+
+    A script entry names its file.  A module entry (``pkg.mod:main``) is looked up from
+    the current directory without importing anything; its folder is the package root."""
+    if not is_module_entry(run.entry):
+        path = split_entry(run.entry)[0]
+        return path, os.path.dirname(path)
+    module = run.entry.rpartition(":")[0]
+    path = find_module_file(module, (os.getcwd(),)) or ""
+    folder = os.path.dirname(path) if path else os.getcwd()
+    for _ in range(module.count(".") + (os.path.basename(path) == "__init__.py")):
+        folder = os.path.dirname(folder)
+    return path, folder
 
 
-def _locator(run: RunInfo) -> insp.Locator:
-    path, _func = _scripts.split_entry(run.entry)
-    script_module = _scripts.module_name(path)
-    stem = insp.display_module(script_module)
-    folder = os.path.dirname(path)
+def _locator(run: RunInfo) -> Locator:
+    path, folder = _entry_file(run)
+    script_module = script_module_name(path)
+    stem = script_display_name(script_module)
 
     def locate(module: str) -> str | None:
         # The script's module name (older tcc versions added a path hash).
         if module == script_module or (
-            module.startswith("__tcc_script_") and insp.display_module(module) == stem
+            module.startswith(SCRIPT_PREFIX) and script_display_name(module) == stem
         ):
             return path if os.path.isfile(path) else None
-        if module.startswith("__tcc_script_"):
+        if module.startswith(SCRIPT_PREFIX):
             return None
-        return insp.find_module_file(module, (folder,))
+        return find_module_file(module, (folder,))
 
     return locate
 
 
-def _readable(run: RunInfo) -> insp.Readable:
+def _readable(run: RunInfo) -> Readable:
     """Which files inspect may print source lines of: the run's script and the ``.py``
     files under its directory (a snapshot's code names its own file, and must not
     make inspect print, say, /etc/passwd).  Modules found by import rules are
-    readable too (:func:`tcc.capture._inspect.describe`)."""
-    path, _func = _scripts.split_entry(run.entry)
-    folder = os.path.realpath(os.path.dirname(path))
+    readable too (:func:`tcc.cli._stack.describe`)."""
+    folder = os.path.realpath(_entry_file(run)[1])
 
     def readable(candidate: str) -> bool:
         if not candidate.endswith(".py"):
@@ -73,47 +82,6 @@ def _readable(run: RunInfo) -> insp.Readable:
     return readable
 
 
-def _pick_snapshot(store: Store, run_id: str, at: int | None) -> tuple[SnapshotInfo, bytes, list[int], list[str]]:
-    snaps = store.snapshots(run_id)
-    numbers = [s.number for s in snaps]
-    notes: list[str] = []
-    if not snaps:
-        raise errors.UsageError(f"run {run_id} has no snapshots to inspect")
-    if at is not None:
-        chosen = [s for s in snaps if s.number == at]
-        if not chosen:
-            raise errors.UsageError(
-                f"run {run_id} has no snapshot {at}; retained: {', '.join(map(str, numbers))}"
-            )
-        return chosen[0], store.load_snapshot(run_id, at), numbers, notes
-    for info in reversed(snaps):
-        if info.damaged:
-            notes.append(f"snapshot {info.number} fails verification and was skipped: "
-                         "its record does not verify, is missing or is not in the run's index")
-            continue
-        try:
-            return info, store.load_snapshot(run_id, info.number), numbers, notes
-        except errors.StoreCorruptError as exc:
-            notes.append(f"snapshot {info.number} fails verification and was skipped: {exc}")
-    raise errors.StoreCorruptError(
-        f"run {run_id}: no snapshot verifies: snapshot(s) {', '.join(map(str, numbers))} "
-        "failed verification and none was loaded; restore the store from a backup")
-
-
-def _split_state(state: Any, run_id: str, number: int) -> tuple[Any, Any, Any, Any, Any]:
-    """(coro, pending, calls, waits, module globals) of a run state.
-
-    A run state is ``(STATE_TAG, version, coro, pending, calls[, waits[, globals]])``:
-    older snapshots have no waits (5 items) or no module globals (6 items).
-    """
-    if not (isinstance(state, tuple) and len(state) in (5, 6, 7) and state[0] == STATE_TAG):
-        raise errors.CorruptSnapshotError(f"run {run_id}: snapshot {number} is not a run state")
-    coro, pending, calls = state[2], state[3], state[4]
-    waits = state[5] if len(state) >= 6 else {}
-    module_globals = state[6] if len(state) >= 7 else {}
-    return coro, pending, calls, waits, module_globals
-
-
 def _globals_doc(module_globals: Any, unsafe: bool) -> dict[str, dict[str, str]]:
     """{module: {global name: safe repr}} of the module globals a snapshot holds."""
     if not isinstance(module_globals, dict):
@@ -122,8 +90,8 @@ def _globals_doc(module_globals: Any, unsafe: bool) -> dict[str, dict[str, str]]
     for module, values in module_globals.items():
         if not isinstance(values, dict) or not values:
             continue
-        shown = {str(name): insp.safe_repr(value, unsafe=unsafe) for name, value in values.items()}
-        doc[insp.display_module(str(module)) or str(module)] = shown
+        shown = {str(name): safe_repr(value, unsafe=unsafe) for name, value in values.items()}
+        doc[script_display_name(str(module)) or str(module)] = shown
     return doc
 
 
@@ -134,20 +102,12 @@ def _pending_text(pending: Any, unsafe: bool) -> str | None:
     if how == "send":
         if value is None:
             return "resumes by sending None into the innermost frame"
-        return f"resumes by sending {insp.safe_repr(value, unsafe=unsafe)} into the innermost frame"
+        return f"resumes by sending {safe_repr(value, unsafe=unsafe)} into the innermost frame"
     if how == "throw":
-        return f"resumes by raising {insp.safe_repr(value, unsafe=unsafe)} in the innermost frame"
+        return f"resumes by raising {safe_repr(value, unsafe=unsafe)} in the innermost frame"
     if how == "request":
         return "parked: `tcc resume` (or the worker) takes this request up again"
     return None
-
-
-def _load_unsafe(run: RunInfo, payload: bytes) -> Any:
-    path, _func = _scripts.split_entry(run.entry)
-    _scripts.load_script(path)
-    state = load_payload(payload)
-    _KEEP.append(state)
-    return state
 
 
 def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, unsafe_repr: bool,
@@ -158,26 +118,11 @@ def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, un
     used when ``color`` is true, by default when stdout is a terminal and
     ``NO_COLOR`` is unset.
     """
-    run = store.get_run(run_id)
-    info, blob, numbers, notes = _pick_snapshot(store, run_id, at)
-    payload = unseal(blob)
-    state: Any = None
-    unsafe = False
-    if unsafe_repr:
-        try:
-            state = _load_unsafe(run, payload)
-            unsafe = True
-        except (errors.TccError, ImportError, OSError, SyntaxError) as exc:
-            notes.append(f"--unsafe-repr: the snapshot cannot be loaded ({exc}); showing the safe view")
-    if state is None:
-        try:
-            state = insp.safe_loads(payload)
-        except Exception as exc:  # noqa: BLE001 - report damage, never crash
-            raise errors.CorruptSnapshotError(
-                f"run {run_id}: snapshot {info.number} cannot be read: {type(exc).__name__}: {exc}"
-            ) from exc
-    coro, pending, calls, waits, module_globals = _split_state(state, run_id, info.number)
-    frames, awaiting = insp.describe(coro, _locator(run), unsafe=unsafe, readable=_readable(run))
+    view = snapshot_state(store, run_id, at, unsafe=unsafe_repr)
+    run, info, numbers, notes, unsafe = view.run, view.info, view.numbers, view.notes, view.unsafe
+    coro, pending, calls = view.state.coro, view.state.resumption, view.state.calls
+    module_globals = view.state.module_state or {}
+    frames, awaiting = describe(coro, _locator(run), unsafe=unsafe, readable=_readable(run))
     doc = {
         "run": run_id,
         "status": run.status,
@@ -202,17 +147,17 @@ def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, un
     return _render(doc, frames, awaiting, _Style(bool(color)))
 
 
-def dataclass_doc(awaiting: insp.Awaiting | None) -> dict[str, Any] | None:
+def dataclass_doc(awaiting: Awaiting | None) -> dict[str, Any] | None:
     if awaiting is None:
         return None
     return {"kind": awaiting.kind, "text": awaiting.text, **awaiting.detail}
 
 
-def _frame_doc(f: insp.FrameInfo) -> dict[str, Any]:
+def _frame_doc(f: FrameInfo) -> dict[str, Any]:
     return {
         "function": f.function,
         "qualname": f.qualname,
-        "module": insp.display_module(f.module),
+        "module": script_display_name(f.module),
         "file": f.file,
         "line": f.line,
         "source": f.source.strip() if f.source else None,
@@ -273,7 +218,7 @@ def _when(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds")
 
 
-def _render(doc: dict[str, Any], frames: list[insp.FrameInfo], awaiting: insp.Awaiting | None, s: _Style) -> str:
+def _render(doc: dict[str, Any], frames: list[FrameInfo], awaiting: Awaiting | None, s: _Style) -> str:
     out: list[str] = []
     others = [n for n in doc["snapshots"] if n != doc["snapshot"]]
     head = (
@@ -311,7 +256,7 @@ def _render(doc: dict[str, Any], frames: list[insp.FrameInfo], awaiting: insp.Aw
     return "\n".join(out) + "\n"
 
 
-def _render_frame(f: insp.FrameInfo, s: _Style) -> list[str]:
+def _render_frame(f: FrameInfo, s: _Style) -> list[str]:
     lines: list[str] = []
     where = (f'  File {s.file(chr(34) + clean(f.file or "?") + chr(34))}, '
              f'line {s.num(str(f.line or "?"))}, in {s.name(clean(f.qualname))}')

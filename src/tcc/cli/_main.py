@@ -15,7 +15,9 @@ import warnings
 from typing import Any, Sequence
 
 from .. import _version
-from ..errors import FencedError, RunNotFoundError, TccError, UsageError
+from ..errors import TccError, UsageError
+from ..runtime import STRATEGIES
+from ..store import DURABILITIES, RUN_STATUSES, default_keep
 from . import _render
 
 
@@ -23,7 +25,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="PATH", help="store directory (default: $TCC_STORE or ./.tcc)")
     parser.add_argument("--tenant", default="default", help="tenant the runs belong to (default: default)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.add_argument("--durability", choices=("sync", "group", "none"),
+    parser.add_argument("--durability", choices=DURABILITIES,
                         default=os.environ.get("TCC_DURABILITY", "sync"),
                         help="commit durability (default: sync, or $TCC_DURABILITY); see README")
     # SUPPRESS: absent here, the top-level `tcc --debug COMMAND` value stands
@@ -34,8 +36,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     """Usage errors in option values, before any store is opened or created."""
     durability = getattr(args, "durability", "sync")
-    if durability not in ("sync", "group", "none"):  # only $TCC_DURABILITY can get here
-        raise UsageError(f"TCC_DURABILITY={durability!r} is not one of sync, group, none")
+    if durability not in DURABILITIES:  # only $TCC_DURABILITY can get here
+        raise UsageError(f"TCC_DURABILITY={durability!r} is not one of {', '.join(DURABILITIES)}")
     for name, least, strict in (("checkpoint_every", 1, False), ("keep", 1, False), ("lease", 0, True),
                                 ("wait", 0, False), ("poll", 0, True), ("concurrency", 1, False)):
         value = getattr(args, name, None)
@@ -45,7 +47,7 @@ def _check_args(args: argparse.Namespace) -> None:
             flag = "--" + name.replace("_", "-")
             bound = f"more than {least}" if strict else f"at least {least}"
             raise UsageError(f"{flag} must be {bound}, not {value}")
-    from ..store._codec import check_name
+    from ..store import check_name
 
     for name in ("run_id", "new_run_id"):
         value = getattr(args, name, None)
@@ -55,7 +57,7 @@ def _check_args(args: argparse.Namespace) -> None:
             check_name("run id", value, new=name == "new_run_id" or args.command == "run")
     if hasattr(args, "tenant"):
         check_name("tenant", args.tenant)
-        _store_keep()  # a bad $TCC_KEEP is a usage error before any store is opened
+        default_keep()  # a bad $TCC_KEEP is a usage error before any store is opened
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run SCRIPT[:FUNC] as a durable run")
     _common(run)
     run.add_argument("--run-id", help="id for the run; an unfinished run with this id is resumed")
-    run.add_argument("--strategy", default="continuation", choices=("continuation", "replay", "hybrid"),
+    run.add_argument("--strategy", default="continuation", choices=STRATEGIES,
                      help="recovery strategy: continuation (snapshot after every effect, resume it), "
                           "hybrid (snapshot every K effects, replay the tail) or replay (re-execute "
                           "from the start against the journal); default continuation")
@@ -95,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="continue an unfinished run from its newest snapshot")
     _common(resume)
-    resume.add_argument("--strategy", choices=("continuation", "replay", "hybrid"),
+    resume.add_argument("--strategy", choices=STRATEGIES,
                         help="override the run's recovery strategy")
     resume.add_argument("--checkpoint-every", "--snapshot-every", dest="checkpoint_every", type=int,
                         default=None, metavar="K", help="snapshot interval (default: the run's)")
@@ -173,8 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list runs")
     _common(ls)
     ls.add_argument("--status", help="only runs with this status",
-                    choices=("running", "waiting", "sleeping", "completed", "unverified", "failed",
-                             "cancelled"))
+                    choices=RUN_STATUSES)
     ls.set_defaults(handler=_cmd_ls)
 
     show = sub.add_parser("show", help="show one run: status, result, effects, checkpoints, events")
@@ -203,52 +204,19 @@ def _open(args: argparse.Namespace, *, create: bool) -> Any:
     from ..store import open_store
 
     return open_store(args.store, tenant=args.tenant, create=create, durability=args.durability,
-                      keep=_store_keep())
-
-
-def _store_keep() -> int:
-    """The store-wide snapshot retention: ``$TCC_KEEP``, else 3."""
-    raw = os.environ.get("TCC_KEEP", "").strip()
-    if not raw:
-        return 3
-    try:
-        keep = int(raw)
-    except ValueError:
-        keep = 0
-    if keep < 1:
-        raise UsageError(f"TCC_KEEP={raw!r} must be a whole number of snapshots, at least 1")
-    return keep
+                      keep=default_keep())
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .. import runtime
 
     with _open(args, create=True) as store:
-        if args.run_id:
-            existing = runtime.reusable_run(store, args.run_id, args.script, args.args)
-            if existing is not None:
-                _render.started(existing.run_id, resumed=True, as_json=args.json)
-                outcome = runtime.resume(
-                    store, args.run_id, checkpoint_every=args.checkpoint_every, lease=args.lease,
-                    progress=_render.progress_printer(), wait_seconds=args.wait,
-                )
-                return _render.outcome(outcome, as_json=args.json)
-        strategy, notice = runtime._runs.effective_strategy(args.strategy)
-        from ..runtime import _scripts
-
-        entry = runtime._runs._entry(args.script)
-        func = _scripts.resolve(entry)
-        runtime._runs.check_call(func, args.args, entry)  # before the note and the store
-        if runtime._runs.is_sync(func):
-            strategy, notice = "replay", runtime._runs.SYNC_NOTICE
-        if notice:
-            print(f"tcc: note: {_render.clean(notice)}", file=sys.stderr)
-        every = args.checkpoint_every or (10 if strategy == "hybrid" else 1)
-        outcome = runtime.start(
-            store, args.script, args.args, run_id=args.run_id, strategy=strategy,
-            checkpoint_every=every, lease=args.lease, keep=args.keep,
+        outcome = runtime.run(
+            store, args.script, args.args, run_id=args.run_id, strategy=args.strategy,
+            checkpoint_every=args.checkpoint_every, lease=args.lease, keep=args.keep,
             progress=_render.progress_printer(), wait_seconds=args.wait, verify=args.verify,
-            on_created=lambda run: _render.started(run.run_id, resumed=False, as_json=args.json),
+            on_started=lambda run, resumed: _render.started(run.run_id, resumed=resumed,
+                                                            as_json=args.json),
             on_notice=lambda text: print(f"tcc: note: {_render.clean(text)}", file=sys.stderr),
         )
         return _render.outcome(outcome, as_json=args.json)
@@ -284,78 +252,39 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 def _cmd_signal(args: argparse.Namespace) -> int:
     import json
 
+    from .. import runtime
+    from ..effects import check_signal_name
+
     try:
         json.loads(args.value)
     except ValueError as exc:
         raise UsageError(f"--value must be JSON: {exc}") from None
-    from ..effects._effect import _check_name
-
     try:
-        _check_name(args.name)
+        check_signal_name(args.name)  # before any store is opened
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    from .. import runtime
-
     with _open(args, create=False) as store:
-        wait_id = runtime.send_signal(store, args.run_id, args.name, args.value.encode())
+        wait_id = runtime.signal(store, args.run_id, args.name, raw=args.value.encode())
         _render.delivered(args.run_id, wait_id, as_json=args.json)
     return 0
 
 
 def _cmd_answer(args: argparse.Namespace) -> int:
-    import json
+    from .. import runtime
 
     with _open(args, create=False) as store:
-        store.get_run(args.run_id)  # an unknown run is reported as such (exit 1)
-        pending = [w for w in _render.pending_waits(store, args.run_id) if w.get("kind") == "approval"]
-        if not pending:
-            raise UsageError(f"run {args.run_id} has no pending approval")
-        wait_id = pending[-1]["id"]
-        value = json.dumps({"approved": args.approved, "comment": args.comment}).encode()
-        if not store.send_signal(args.run_id, wait_id, value):
-            raise UsageError(f"approval {wait_id} of run {args.run_id} was already answered")
-        store.add_event(args.run_id, "approved" if args.approved else "rejected",
-                        {"id": wait_id, "comment": args.comment})
+        wait_id = runtime.answer(store, args.run_id, args.approved, args.comment)
         _render.delivered(args.run_id, wait_id, as_json=args.json)
     return 0
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
+    from .. import runtime
+
     with _open(args, create=False) as store:
-        before = store.get_run(args.run_id)
-        try:
-            run = store.cancel_run(args.run_id, reason=args.reason)
-        except FencedError:
-            status = store.get_run(args.run_id).status
-            raise UsageError(f"run {args.run_id} is already {status}; there is nothing to cancel") from None
-        children = _cancel_children(store, args.run_id, args.reason)
-        _render.cancelled(run, before, children, as_json=args.json)
+        done = runtime.cancel(store, args.run_id, reason=args.reason)
+        _render.cancelled(done.run, done.was, done.children, as_json=args.json)
     return 0
-
-
-def _cancel_children(store: Any, run_id: str, reason: str | None) -> list[tuple[str, str]]:
-    """Cancel the unfinished runs ``run_id`` spawned (``tcc.spawn``), theirs too, and return
-    ``(child id, status it had)`` for each one cancelled: nothing would resume a child whose
-    parent is cancelled, so a waiting child would otherwise wait for ever (review finding)."""
-    done: list[tuple[str, str]] = []
-    todo = [run_id]
-    seen = {run_id}
-    while todo:
-        parent = todo.pop(0)
-        for event in store.events(parent):
-            child = dict(event.data).get("child") if event.kind == "spawned" else None
-            if not isinstance(child, str) or child in seen:
-                continue
-            seen.add(child)
-            todo.append(child)
-            try:
-                status = store.get_run(child).status
-                if status in ("running", "waiting", "sleeping"):  # a failed one stays as it is
-                    store.cancel_run(child, reason=reason or f"its parent run {run_id} was cancelled")
-                    done.append((child, status))
-            except (FencedError, RunNotFoundError):  # finished or removed meanwhile
-                continue
-    return done
 
 
 def _cmd_fork(args: argparse.Namespace) -> int:

@@ -9,20 +9,18 @@ window title or reorder the text a reader sees.  JSON output is escaped by
 
 from __future__ import annotations
 
-import datetime
 import json
 import re
 import sys
 from typing import Any, Callable
 
-from ..runtime import _report
-from ..store import JournalRecord, RunInfo
+from ..runtime import SLEEP_EFFECT, WAIT_EFFECT, traceback_lines
+from ..runtime import when as _when
+from ..store import FINAL_STATUSES, FINISHED_STATUSES, RunInfo
 
-MARKERS = ("tcc:wait", "tcc:sleep")  # runtime._driver's WAIT_EFFECT, SLEEP_EFFECT
+FAILED_OUTCOMES = frozenset(FINISHED_STATUSES) - frozenset(FINAL_STATUSES)  # exit 1: failed, unverified
 SHOWN_CALLS = 50  # the text of `tcc show` lists the last this many calls (--calls N, --all-calls)
 JSON_CALLS = 1000  # ... and --json the last this many
-FULL_READ = 5000  # a journal of at most this many records is read whole (exact counts)
-REPR_LIMIT = 200  # characters of an argument list, a result or an error in the call listing
 
 # C0 controls (but newline), DEL, C1 controls, line and paragraph separators,
 # and the bidirectional marks, embeddings, overrides and isolates.
@@ -45,26 +43,6 @@ def clean(text: object, *, newlines: bool = False) -> str:
 def say(text: object = "", *, file: Any = None, newlines: bool = True) -> None:
     """Print a line of human output (the newlines in it are kept, nothing else)."""
     print(clean(text, newlines=newlines), file=file)
-
-
-def _when(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds")
-
-
-def decode_result(blob: bytes | None) -> Any:
-    if not blob:
-        return None
-    try:
-        doc = json.loads(blob)
-    except ValueError:
-        return repr(blob)
-    return doc["value"] if "value" in doc else doc.get("repr")
-
-
-def decode_error(blob: bytes | None) -> str | None:
-    """The one-line form of a stored error: ``KeyError: 'missing_key'``."""
-    error = _report.decode_error(blob)
-    return None if error is None else _report.error_line(error)
 
 
 def started(run_id: str, *, resumed: bool, as_json: bool) -> None:
@@ -123,7 +101,7 @@ def outcome(out: Any, *, as_json: bool) -> int:
         say(f"sleeping until {_when(until)} -- `tcc resume {out.run_id}` after that (or run `tcc worker`)")
     else:
         say(f"failed: {out.error}", file=sys.stderr)
-    return 1 if out.status in ("failed", "unverified") else 0
+    return 1 if out.status in FAILED_OUTCOMES else 0
 
 
 def _jsonable(value: Any) -> Any:
@@ -174,91 +152,6 @@ def pending_waits(store: Any, run_id: str) -> list[dict[str, Any]]:
     return waits(store, run_id)
 
 
-def owner_alive(run: Any) -> bool:
-    """Whether the owner of a running run still holds it, as the worker judges it."""
-    import time
-
-    from ..runtime._worker import owner_dead
-
-    return not owner_dead(run, time.time())
-
-
-def _payload(blob: bytes | None) -> tuple[bool, Any]:
-    """(True, a view of ``blob``) from the restricted unpickler of `tcc inspect`, which runs
-    no user code (`show` must not: no import, no ``__reduce__``, no ``__repr__``), or
-    (False, why not)."""
-    from ..capture import _inspect as insp
-
-    if blob is None:
-        return False, "<nothing recorded>"
-    try:
-        return True, insp.safe_loads(bytes(blob))
-    except Exception as exc:  # noqa: BLE001 - a payload it cannot read is shown as such
-        return False, f"<unreadable payload: {type(exc).__name__}>"
-
-
-def _safe(value: Any, limit: int = REPR_LIMIT) -> str:
-    from ..capture import _inspect as insp
-
-    try:
-        return insp.safe_repr(value, limit)
-    except Exception as exc:  # noqa: BLE001 - never let one value end the listing
-        return f"<repr failed: {type(exc).__name__}>"
-
-
-def _clip(text: str, limit: int = REPR_LIMIT) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _call_args(name: str, blob: bytes | None) -> str:
-    """The argument list of a journaled call, as it would be written in the call."""
-    ok, value = _payload(blob)
-    if not ok:
-        return str(value)
-    if name == "tcc:sleep" and isinstance(value, (int, float)):
-        return f"until {_when(value)}"
-    if not name.startswith("tcc:") and isinstance(value, tuple) and len(value) == 2 \
-            and isinstance(value[0], tuple) and isinstance(value[1], dict):
-        args, kwargs = value
-        parts = [_safe(a) for a in args] + [f"{k}={_safe(v)}" for k, v in kwargs.items()]
-        return _clip(", ".join(parts))
-    if name == "tcc:spawn" and isinstance(value, tuple):
-        return _clip(", ".join(_safe(v) for v in value))
-    return _safe(value)
-
-
-def _outcome(c: JournalRecord | None) -> dict[str, Any]:
-    if c is None:
-        return {"status": "pending", "result": None, "error": None, "duration": None}
-    if c.error is not None:
-        ok, value = _payload(c.error)
-        return {"status": "error", "result": None, "error": _safe(value) if ok else str(value),
-                "duration": c.duration}
-    ok, value = _payload(c.result)
-    return {"status": "ok", "result": _safe(value) if ok else str(value), "error": None,
-            "duration": c.duration}
-
-
-def _logical_calls(journal: list[JournalRecord]) -> list[list[JournalRecord]]:
-    """The journal's intents grouped into calls: the attempts of one call (retries, a
-    re-issue after a crash) share its idempotency key.  In order of their first intent."""
-    calls: dict[str, list[JournalRecord]] = {}
-    for r in journal:
-        if r.kind == "intent":
-            calls.setdefault(r.idempotency_key or f"#{r.seq}", []).append(r)
-    return list(calls.values())
-
-
-def _call_doc(number: int, intents: list[JournalRecord], done: dict[int, JournalRecord]) -> dict[str, Any]:
-    first, last = intents[0], intents[-1]
-    attempts = [{"attempt": i.attempt, "seq": i.seq, **_outcome(done.get(i.seq))} for i in intents]
-    args = _call_args(first.name, first.args)
-    short = first.name if first.name.startswith("tcc:") else first.name.rpartition(":")[2]
-    return {"number": number, "seq": first.seq, "key": first.idempotency_key, "name": first.name,
-            "call": f"{short}({args})", "args": args, **attempts[-1], "attempt": last.attempt,
-            "time": first.time, "attempts": attempts}
-
-
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return ""
@@ -267,7 +160,7 @@ def _duration(seconds: float | None) -> str:
 
 def _call_line(call: dict[str, Any]) -> str:
     if call["status"] == "pending":
-        what = {"tcc:wait": "(not signalled yet)", "tcc:sleep": "(not due yet)"}.get(
+        what = {WAIT_EFFECT: "(not signalled yet)", SLEEP_EFFECT: "(not due yet)"}.get(
             call["name"], "(no outcome recorded: still running, or in doubt after a crash)")
     elif call["status"] == "error":
         what = f"raised {call['error']}"
@@ -278,99 +171,19 @@ def _call_line(call: dict[str, Any]) -> str:
                  f"  {_duration(call['duration'])}").rstrip()
 
 
-def _journal_length(store: Any, run_id: str) -> int | None:
-    """How many journal records the run has, from the store's count (None: this store
-    cannot say without reading the journal)."""
-    length = getattr(store, "journal_length", None)
-    return int(length(run_id)) if callable(length) else None
-
-
-def _journal_tail(store: Any, run_id: str, calls: int | None) -> tuple[list[JournalRecord], int]:
-    """(journal records, seq of the first) holding the last ``calls`` logical calls whole
-    (all records if ``calls`` is None or the journal is short).
-
-    Only the tail is read: from the end back as far as needed, growing the window
-    until it holds more than ``calls`` calls (the oldest one in it may have attempts
-    before the window; it is left out of the listing)."""
-    total = _journal_length(store, run_id) if calls is not None else None
-    if calls is None or total is None or total <= FULL_READ:
-        return store.journal(run_id), 0
-    window = 4 * (calls + 1)
-    while True:
-        start = max(0, total - window)
-        journal: list[JournalRecord] = store.journal(run_id, start)
-        if start == 0 or len(_logical_calls(journal)) > calls:
-            return journal, start
-        window *= 4
-
-
 def run_detail(store: Any, run_id: str, *, as_json: bool, calls: int | None = -1) -> None:
     """Print ``tcc show``: the run, its last ``calls`` effect calls (None: all; -1: the
-    default, SHOWN_CALLS for text and JSON_CALLS for JSON), snapshots and events.
+    default, SHOWN_CALLS for text and JSON_CALLS for JSON), snapshots and events
+    (:func:`tcc.runtime.run_detail` reads them; this prints them)."""
+    from ..runtime import run_detail as read_detail
+    from ._safe_repr import safe_repr
 
-    A long journal is read from its end only: the calls listed, not the whole
-    journal.  Then the calls before them are not counted, nor are the run's
-    effects (``--all-calls`` reads everything)."""
     if calls == -1:
         calls = JSON_CALLS if as_json else SHOWN_CALLS
-    run = store.get_run(run_id)
-    journal, start = _journal_tail(store, run_id, calls)
-    whole = start == 0
-    snapshots = store.snapshots(run_id)
-    events = store.events(run_id)
-    completions = [r for r in journal if r.kind == "completion"]
-    intents = {r.seq: r for r in journal if r.kind == "intent"}
-    # wait and sleep markers are journaled like effects but are not effects (as in `tcc run`)
-    done_keys = {intents[c.intent_seq].idempotency_key for c in completions
-                 if c.intent_seq in intents and intents[c.intent_seq].name not in MARKERS}
-    checkpoints = max((s.number for s in snapshots if not s.damaged), default=0)
-    done = {c.intent_seq: c for c in completions if c.intent_seq is not None}
-    logical = _logical_calls(journal)
-    if not whole:
-        logical = logical[1:]  # its first attempts may lie before the window
-    shown = len(logical) if calls is None else min(calls, len(logical))
-    listed = range(len(logical) - shown, len(logical))
-    numbered = [_call_doc(i + 1, logical[i], done) for i in listed]
-    if not whole:
-        for call in numbered:
-            call["number"] = None  # the calls before the window are not counted
-    journal_records = start + len(journal)
-    error = _report.decode_error(run.error)
-    doc = {
-        "id": run.run_id,
-        "tenant": run.tenant,
-        "status": run.status,
-        "entry": run.entry,
-        "args": json.loads(run.args or b"[]"),
-        "strategy": run.strategy,
-        "result": decode_result(run.result),
-        "error": None if error is None else _report.error_line(error),
-        # the error's type, message and the agent's frames where it was raised, innermost last
-        "error_detail": None if error is None else {k: error[k] for k in ("type", "message", "frames",
-                                                                          "frames_omitted")},
-        # effects completed (None: not counted, the journal was only read from its end)
-        "effects": len(done_keys) if whole else None,
-        "checkpoints": checkpoints,
-        "epoch": run.epoch,
-        "owner": f"{run.owner_host}:{run.owner_pid}",
-        # for a running run: whether its owner still holds it (False: its process is gone
-        # from this host or its lease ran out, so a resume or the worker takes it over)
-        "owner_alive": owner_alive(run) if run.status == "running" else None,
-        "created": run.created,
-        "updated": run.updated,
-        "waits": pending_waits(store, run_id),
-        "children": [dict(e.data)["child"] for e in events if e.kind == "spawned"],
-        "parent": next((dict(e.data).get("parent") for e in events if e.kind == "started"), None),
-        "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size}
-                      if not s.damaged else {"number": s.number, "damaged": True} for s in snapshots],
-        "events": [{**dict(e.data), "kind": e.kind, "time": e.time, "data": dict(e.data)} for e in events],
-        # the last journaled calls (effects, and tcc:wait/sleep/spawn markers), oldest first:
-        # --calls N of them (default 1000), or every one with --all-calls
-        "calls": numbered,
-        "journal_records": journal_records,
-        # calls before the listed ones (None: not counted, only the journal's end was read)
-        "calls_earlier": len(logical) - shown if whole else None,
-    }
+    detail = read_detail(store, run_id, calls=calls, show_value=safe_repr)
+    doc, run, snapshots, events, error = detail.doc, detail.run, detail.snapshots, detail.events, detail.error
+    whole, shown, numbered, journal_records = detail.whole, detail.shown, doc["calls"], doc["journal_records"]
+    logical_count = detail.calls_total
     if as_json:
         print(json.dumps(doc, default=repr))
         return
@@ -388,7 +201,7 @@ def run_detail(store: Any, run_id: str, *, as_json: bool, calls: int | None = -1
     if doc["error"]:
         say(f"  error      {doc['error']}")
         assert error is not None
-        for line in _report.traceback_lines(error):
+        for line in traceback_lines(error):
             say(f"  {line}")
     for s in snapshots:
         if s.damaged:
@@ -399,11 +212,11 @@ def run_detail(store: Any, run_id: str, *, as_json: bool, calls: int | None = -1
     for w in doc["waits"]:
         what = f"approval {w.get('prompt')!r}" if w.get("kind") == "approval" else f"signal {w.get('name')!r}"
         say(f"  waiting    {what} (id {w['id']}, signal {w['signal']})", newlines=False)
-    if logical:
+    if logical_count:
         if whole:
-            print(f"  calls      {len(logical)}")
-            if shown < len(logical):
-                print(f"    … {len(logical) - shown} earlier calls (`tcc show --all-calls` lists all)")
+            print(f"  calls      {logical_count}")
+            if shown < logical_count:
+                print(f"    … {logical_count - shown} earlier calls (`tcc show --all-calls` lists all)")
         else:
             print(f"  calls      the last {shown} of a journal of {journal_records} records (numbered "
                   "@journal record; `tcc show --all-calls` lists and counts them all)")

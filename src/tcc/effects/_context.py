@@ -42,8 +42,11 @@ def active() -> Current | None:
 
 
 def set_current(value: Current | None) -> contextvars.Token[Current | None]:
+    """Make ``value`` what :func:`current` returns (a runner does this around each step
+    and each effect attempt); undo it with :func:`reset_current` and the token."""
     return _CURRENT.set(value)
 
 
 def reset_current(token: contextvars.Token[Current | None]) -> None:
+    """Undo the :func:`set_current` that returned ``token``."""
     _CURRENT.reset(token)

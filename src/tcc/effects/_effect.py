@@ -472,7 +472,7 @@ def wait_for(name: str, timeout: float | None = None) -> WaitRequest:
     (seconds from the first time the run reaches the wait), TimeoutError is
     raised inside the agent once it has passed.
     """
-    _check_name(name)
+    check_signal_name(name)
     return _switch_if_sync(WaitRequest(name, "signal", None, timeout))
 
 
@@ -497,7 +497,8 @@ def sleep_until(when: Any) -> SleepRequest:
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:+=-")
 
 
-def _check_name(name: str) -> None:
+def check_signal_name(name: str) -> None:
+    """ValueError unless ``name`` can name a signal (``tcc.wait_for(name)``, ``tcc signal``)."""
     if not (isinstance(name, str) and 0 < len(name) <= 100 and set(name) <= _NAME_CHARS):
         raise ValueError(
             f"invalid signal name {name!r}: use 1-100 characters from A-Z a-z 0-9 . _ : + = -"

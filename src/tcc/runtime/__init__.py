@@ -1,33 +1,107 @@
-"""The runtime: drive a run, checkpoint after effects, recover after a crash."""
+"""The runtime: drive a run, checkpoint after effects, recover after a crash.
 
-from ._driver import Driver as Driver
-from ._driver import Intent as Intent
-from ._driver import Outcome as Outcome
-from ._fork import fork as fork
-from ._driver import STOP as STOP
+What a front end (the CLI, a library user, a dashboard) does to runs is here, once:
+:func:`run` (start, or resume by id), :func:`resume`, :func:`retry`, :func:`signal`,
+:func:`answer`, :func:`cancel`, :func:`fork`, :func:`run_detail`, :func:`snapshot_state`,
+and the :class:`Worker`.  The rest is what they are built from.
+"""
+
+from ._operations import Cancellation as Cancellation
+from ._operations import HYBRID_EVERY as HYBRID_EVERY
+from ._operations import answer as answer
+from ._operations import cancel as cancel
+from ._operations import default_snapshot_every as default_snapshot_every
+from ._operations import run as run
+from ._operations import signal as signal
 from ._runs import STRATEGIES as STRATEGIES
-from ._worker import Worker as Worker
-from ._worker import pending_waits as pending_waits
 from ._runs import resume as resume
 from ._runs import retry as retry
 from ._runs import reusable_run as reusable_run
 from ._runs import send_signal as send_signal
 from ._runs import start as start
+from ._views import RunDetail as RunDetail
+from ._views import SnapshotView as SnapshotView
+from ._views import run_detail as run_detail
+from ._views import snapshot_state as snapshot_state
+from ._views import when as when
+from ._fork import fork as fork
+from ._worker import Worker as Worker
+from ._worker import pending_waits as pending_waits
+from ._driver import Driver as Driver
+from ._driver import Outcome as Outcome
+from ._attempts import Intent as Intent
+from ._parking import STOP as STOP
+from ._state import Resumption as Resumption
+from ._state import RunState as RunState
+from ._state import STATE_TAG as STATE_TAG
+from ._state import unpack_state as unpack_state
+from ._outcome import decode_error as decode_error
+from ._outcome import decode_result as decode_result
+from ._outcome import error_line as error_line
+from ._outcome import traceback_lines as traceback_lines
+from ._markers import MARKERS as MARKERS
+from ._markers import SLEEP_EFFECT as SLEEP_EFFECT
+from ._markers import SPAWN_EFFECT as SPAWN_EFFECT
+from ._markers import WAIT_EFFECT as WAIT_EFFECT
+from ._scripts import SCRIPT_PREFIX as SCRIPT_PREFIX
+from ._scripts import describe_entry as describe_entry
+from ._scripts import entry_of as entry_of
+from ._scripts import is_module_entry as is_module_entry
 from ._scripts import load_script as load_script
+from ._scripts import script_display_name as script_display_name
+from ._scripts import module_name as script_module_name
+from ._scripts import split_entry as split_entry
+from ._agent_errors import forgotten_await as forgotten_await
+from ._agent_errors import unsupported_await as unsupported_await
+from ._sync import GreenletTask as GreenletTask
 
 __all__ = [
+    "Cancellation",
+    "Driver",
+    "GreenletTask",
+    "HYBRID_EVERY",
+    "Intent",
+    "MARKERS",
+    "Outcome",
+    "Resumption",
+    "RunDetail",
+    "RunState",
+    "SCRIPT_PREFIX",
+    "SLEEP_EFFECT",
+    "SPAWN_EFFECT",
+    "STATE_TAG",
     "STOP",
     "STRATEGIES",
-    "Driver",
-    "Intent",
-    "Outcome",
+    "SnapshotView",
+    "WAIT_EFFECT",
     "Worker",
+    "answer",
+    "cancel",
+    "decode_error",
+    "decode_result",
+    "default_snapshot_every",
+    "describe_entry",
+    "entry_of",
+    "error_line",
+    "forgotten_await",
     "fork",
+    "is_module_entry",
     "load_script",
     "pending_waits",
     "resume",
     "retry",
     "reusable_run",
+    "run",
+    "run_detail",
+    "script_display_name",
+    "script_module_name",
     "send_signal",
+    "signal",
+    "snapshot_state",
+    "split_entry",
     "start",
+    "traceback_lines",
+    "unpack_state",
+    "unsupported_await",
+    "when",
 ]

@@ -14,10 +14,11 @@ import types
 from typing import Any
 
 from .. import errors
-from ..capture import _frames, dump_payload, load_payload, seal, unseal
-from ..effects._effect import WaitRequest
+from ..capture import code_of, dump_payload, load_payload, seal, slot_names, unseal
+from ..effects import WaitRequest
 from ..store import RunInfo, Store
 from . import _scripts
+from ._state import RunState, pack_state, unpack_state
 
 _NO_ANSWER: Any = object()
 _TCC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,16 +32,16 @@ def _chain(root: Any, records: list[tuple[Any, Any]]) -> list[int]:
     while id(gen) in where and len(out) < 10_000:
         i = where[id(gen)]
         out.append(i)
-        code = _frames.code_of(gen)
+        code = code_of(gen)
         slots = records[i][1][3]
-        nlocals = len(_frames.slot_names(code))
+        nlocals = len(slot_names(code))
         gen = slots[-1] if len(slots) > nlocals else None
     return out
 
 
 def _innermost_user_frame(root: Any, records: list[tuple[Any, Any]]) -> int:
     for i in reversed(_chain(root, records)):
-        if not _frames.code_of(records[i][0]).co_filename.startswith(_TCC_DIR):
+        if not code_of(records[i][0]).co_filename.startswith(_TCC_DIR):
             return i
     raise errors.UsageError("the snapshot has no suspended frame of the agent to change")
 
@@ -99,7 +100,7 @@ def _awaited(root: Any, records: list[tuple[Any, Any]]) -> tuple[str, Any]:
     if not chain:
         return "", None
     gen, record = records[chain[-1]]
-    code = _frames.code_of(gen)
+    code = code_of(gen)
     if not code.co_filename.startswith(_TCC_DIR) or not code.co_qualname.endswith(".__await__"):
         return "", None
     slots = record[3]
@@ -107,11 +108,11 @@ def _awaited(root: Any, records: list[tuple[Any, Any]]) -> tuple[str, Any]:
 
 
 def _setter(sets: dict[str, Any], answering: bool) -> Any:
-    def edit(state: Any, records: list[tuple[Any, Any]]) -> None:
-        i = _innermost_user_frame(state[2], records)
+    def edit(root: Any, records: list[tuple[Any, Any]]) -> None:
+        i = _innermost_user_frame(root, records)
         gen, record = records[i]
-        code = _frames.code_of(gen)
-        names = _frames.slot_names(code)
+        code = code_of(gen)
+        names = slot_names(code)
         slots = list(record[3])
         stored = stored_answer(code, record[2])
         for name, value in sets.items():
@@ -119,7 +120,7 @@ def _setter(sets: dict[str, Any], answering: bool) -> Any:
                 raise errors.UsageError(
                     f"{code.co_qualname}() has no local {name!r}; its locals are {', '.join(names)}"
                 )
-            kind = _awaited_kind(state[2], records)
+            kind = _awaited_kind(root, records)
             if stored is not None and name in stored[0] and kind:
                 if kind not in ("EffectRequest", "GatherRequest"):
                     how = ("resume the fork and send the value it waits for with `tcc signal` "
@@ -173,19 +174,21 @@ def fork(
         answering = answer is not _NO_ANSWER
         kinds: list[tuple[str, Any]] = []
 
-        def edit(state: Any, records: list[tuple[Any, Any]]) -> None:
-            kinds.append(_awaited(state[2], records))
-            if sets:
-                _setter(sets, answering)(state, records)
+        number = at if at is not None else max(numbers)
 
-        state = load_payload(unseal(payload), edit=edit if sets or answering else None)
+        def edit(stored: Any, records: list[tuple[Any, Any]]) -> None:
+            root = unpack_state(stored, run_id, number).coro
+            kinds.append(_awaited(root, records))
+            if sets:
+                _setter(sets, answering)(root, records)
+
+        state = unpack_state(load_payload(unseal(payload), edit=edit if sets or answering else None), run_id, number)
         if answering:
             state = _answered(state, answer, kinds[0] if kinds else ("", None), run_id, at)
         if sets or answering:
-            store.checkpoint(child.run_id, child.epoch, seal(dump_payload(state), compress=False))
-        pending = state[3]
-        if pending[0] == "request" and isinstance(pending[1], WaitRequest):
-            req = pending[1]  # the fork waits for its own answer
+            store.checkpoint(child.run_id, child.epoch, seal(dump_payload(pack_state(state)), compress=False))
+        if state.resumption[0] == "request" and isinstance(state.resumption[1], WaitRequest):
+            req = state.resumption[1]  # the fork waits for its own answer
             store.add_event(child.run_id, "wait", {"id": req.wait_id, "name": req.name,
                                                    "kind": req.kind, "prompt": req.prompt})
         store.add_event(child.run_id, "forked", {"parent": run_id, "snapshot": at, "set": sorted(sets or {}),
@@ -198,12 +201,12 @@ def fork(
     return store.get_run(child.run_id)
 
 
-def _answered(state: Any, answer: Any, awaited: tuple[str, Any], run_id: str, at: int | None) -> Any:
+def _answered(state: RunState, answer: Any, awaited: tuple[str, Any], run_id: str,
+              at: int | None) -> RunState:
     """``state`` with the answer its innermost frame receives on resume replaced."""
     kind, request = awaited
     which = f"snapshot {at}" if at is not None else "the newest snapshot"
-    pending = state[3]
-    if pending[0] == "request":
+    if state.resumption[0] == "request":
         raise errors.UsageError(
             f"run {run_id}'s {which} was taken where it waits for a signal or sleeps, so there "
             "is no answer to replace: resume the fork and answer it with `tcc signal` / "
@@ -219,4 +222,4 @@ def _answered(state: Any, answer: Any, awaited: tuple[str, Any], run_id: str, at
         raise errors.UsageError(
             f"the snapshot's frame awaits a tcc.gather() of {len(calls or ())} calls: --answer "
             "must be a JSON list with one answer per gathered call")
-    return state[:3] + (("send", answer),) + state[4:]
+    return state._replace(resumption=("send", answer))

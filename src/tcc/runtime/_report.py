@@ -8,7 +8,7 @@ tcc's own driver in the way.
 
 An exception an effect raised is thrown into the agent (``coro.throw``); its
 ``__traceback__`` then holds the driver's frames, the agent's frames up to the
-``await`` and the effect's own frames (checked in tests/runtime/test_show.py).
+``await`` and the effect's own frames (checked in tests/cli/test_show.py).
 Frames of tcc's package are left out, and so are standard-library frames
 that only connect two of tcc's (the driver's event loop running an effect),
 unless that leaves nothing.

@@ -10,12 +10,17 @@ from typing import Any, Callable, Sequence
 
 from .. import errors
 from ..capture import load_payload, native_available, unseal
-from ..store import RunInfo, Store
+from ..store import (FINAL_STATUSES, FINISHED_STATUSES, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
+                     Store)
 from . import _scripts
 from ._globals import ModuleState
 from ..effects import EffectRequest
-from ._driver import (SLEEP_EFFECT, SPAWN_EFFECT, STATE_TAG, WAIT_EFFECT, Driver, LoggedCall, Outcome,
-                      Pending, _Parked, answered_request, logged_calls)
+from ._driver import Driver, Outcome
+from ._journal import LoggedCall, answered_request, logged_calls
+from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
+from ._outcome import decode_child
+from ._parking import Parked
+from ._state import Resumption, unpack_state
 
 STRATEGIES = ("continuation", "replay", "hybrid")
 
@@ -41,8 +46,11 @@ REPLAY_HINT = (
 )
 
 
-def _entry(script: str) -> str:
-    path, func = _scripts.split_entry(script)
+def _entry(target: str | Callable[..., Any]) -> str:
+    """The stored entry of a ``tcc run`` target (``path[:func]``) or a function object."""
+    if not isinstance(target, str):
+        return _scripts.entry_of(target)
+    path, func = _scripts.split_entry(target)
     return f"{path}:{func}"
 
 
@@ -53,8 +61,8 @@ def is_sync(func: Any) -> bool:
 def check_call(func: Any, args: Sequence[str], entry: str) -> None:
     """Usage errors of calling the entry ``func(*args)``, raised before anything is stored.
 
-    Found by review: a call that failed only once the run record existed left
-    a run in status ``running`` that the worker then retried for ever.
+    A call that failed only once the run record existed would leave a run in status
+    ``running`` that the worker retries for ever.
     """
     if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
         raise errors.UsageError(
@@ -103,12 +111,12 @@ def effective_strategy(strategy: str) -> tuple[str, str | None]:
 
 def _verify_func(entry: str, verify: str | None) -> Any:
     """The run's verify check: ``--verify FUNC``, else the script's ``verify`` if any."""
-    path, _func = _scripts.split_entry(entry)
-    module = _scripts.load_script(path)
+    module = _scripts.entry_module(entry)
     if verify:
         func = getattr(module, verify, None)
         if not callable(func):
-            raise errors.UsageError(f"{path} has no function {verify!r} to verify results with")
+            raise errors.UsageError(
+                f"{_scripts.describe_entry(entry)} has no function {verify!r} to verify results with")
         return func
     func = getattr(module, "verify", None)
     return func if callable(func) else None
@@ -121,31 +129,22 @@ def _verify_name(store: Store, run_id: str) -> str | None:
     return None
 
 
-def _decode_child(run: RunInfo) -> tuple[str, Any]:
-    if run.status in ("completed", "unverified"):
-        doc = json.loads(run.result or b"{}")
-        return ("send", doc["value"] if "value" in doc else doc.get("repr"))
-    message = json.loads(run.error or b"{}").get("message", run.status)
-    return ("throw", errors.RunFailedError(f"child run {run.run_id} {run.status}: {message}"))
-
-
 def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every: int, lease: float,
                  progress: Progress | None, wait_seconds: float, verify: Any,
                  modules: ModuleState | None = None) -> Driver:
-    path, _func = _scripts.split_entry(run.entry)
     if modules is None and strategy != "replay":
-        modules = ModuleState(_scripts.load_script(path))
+        modules = ModuleState(_scripts.entry_module(run.entry))
 
     def spawner(child_id: str, func: str, args: tuple[Any, ...]) -> tuple[str, Any]:
         try:
             child = store.get_run(child_id)
         except errors.RunNotFoundError:
             child = None
-        if child is not None and child.status in ("completed", "unverified", "failed", "cancelled"):
-            return _decode_child(child)
+        if child is not None and child.status in FINISHED_STATUSES:
+            return decode_child(child)
         if child is None:
             try:
-                outcome = start(store, f"{path}:{func}", args, run_id=child_id, strategy=strategy,
+                outcome = start(store, _scripts.resolve(_scripts.sibling_entry(run.entry, func)), args, run_id=child_id, strategy=strategy,
                                 checkpoint_every=checkpoint_every, lease=lease,
                                 wait_seconds=wait_seconds, parent=run.run_id)
             except errors.UsageError as exc:  # e.g. arguments the child cannot take: the
@@ -153,12 +152,12 @@ def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every:
         else:  # re-attach to a child that a crash interrupted
             outcome = resume(store, child_id, lease=lease, wait_seconds=wait_seconds)
         if outcome.status == "stopped":  # SIGTERM inside the child: the parent stops too,
-            raise _Parked("stopped", {"reason": "SIGTERM", "child": child_id})  # unrecorded
-        if outcome.status in ("waiting", "sleeping"):
+            raise Parked("stopped", {"reason": "SIGTERM", "child": child_id})  # unrecorded
+        if outcome.status in PARKED_STATUSES:
             store.add_event(run.run_id, "parked", {"status": "waiting", "child": child_id})
             store.set_status(run.run_id, run.epoch, "waiting")
-            raise _Parked("waiting", {"child": child_id, "child_status": outcome.status})
-        return _decode_child(store.get_run(child_id))
+            raise Parked("waiting", {"child": child_id, "child_status": outcome.status})
+        return decode_child(store.get_run(child_id))
 
     return Driver(
         store, run.run_id, run.epoch, snapshots=strategy != "replay",
@@ -177,7 +176,7 @@ def send_signal(store: Store, run_id: str, name: str, value: bytes) -> str:
     its slot would never be read while the run waits at the next one).
     """
     run = store.get_run(run_id)
-    if run.status in ("completed", "cancelled"):  # nothing will ever read it
+    if run.status in FINAL_STATUSES:  # nothing will ever read it
         raise errors.UsageError(f"run {run_id} is already {run.status}; a signal would never be read")
     ended = set()
     for call in logged_calls(store.journal(run_id)):
@@ -192,7 +191,7 @@ def send_signal(store: Store, run_id: str, name: str, value: bytes) -> str:
     raise errors.UsageError(f"run {run_id} has no free slot for another signal {name!r}")
 
 
-def reusable_run(store: Store, run_id: str, script: str, args: Sequence[str]) -> RunInfo | None:
+def reusable_run(store: Store, run_id: str, script: str | Callable[..., Any], args: Sequence[Any]) -> RunInfo | None:
     """``tcc run --run-id ID SCRIPT ARGS``: the unfinished run ``ID`` to resume, or None if
     there is no run ``ID`` (start it).
 
@@ -204,7 +203,7 @@ def reusable_run(store: Store, run_id: str, script: str, args: Sequence[str]) ->
         existing = store.get_run(run_id)
     except errors.RunNotFoundError:
         return None
-    if existing.status in ("completed", "cancelled", "failed", "unverified"):
+    if existing.status in FINISHED_STATUSES:
         raise errors.UsageError(
             f"run {run_id} exists and is {existing.status}; choose another --run-id"
             + (f" (or `tcc retry {run_id}` to issue its failed call again)"
@@ -225,8 +224,8 @@ def reusable_run(store: Store, run_id: str, script: str, args: Sequence[str]) ->
 
 def start(
     store: Store,
-    script: str,
-    args: Sequence[str] = (),
+    script: str | Callable[..., Any],
+    args: Sequence[Any] = (),
     *,
     run_id: str | None = None,
     strategy: str = "continuation",
@@ -240,7 +239,8 @@ def start(
     keep: int | None = None,
     on_notice: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """Create a run of ``script`` (``path[:func]``) and drive it to the end.
+    """Create a run of ``script`` (``path[:func]``, or a function object of an importable
+    module or of the ``__main__`` script) and drive it to the end.
 
     ``strategy``: ``continuation`` (a snapshot after every ``checkpoint_every``
     effects, default 1), ``hybrid`` (the same with ``checkpoint_every`` = K,
@@ -272,13 +272,12 @@ def start(
         store.add_event(parent, "spawned", {"child": run.run_id, "entry": entry})
         if store.get_run(parent).status == "cancelled":
             # `tcc cancel` of the parent read its children before this one was listed: cancel
-            # it here, or it would wait for ever (review finding)
+            # it here, or it would wait for ever
             store.cancel_run(run.run_id, reason=f"its parent run {parent} was cancelled")
             raise errors.FencedError(
                 f"run {parent!r} was cancelled while it spawned child run {run.run_id!r}; the "
                 "child was cancelled too and nothing more was written")
-    modules = ModuleState(_scripts.load_script(_scripts.split_entry(entry)[0])) \
-        if strategy != "replay" else None
+    modules = ModuleState(_scripts.entry_module(entry)) if strategy != "replay" else None
     left = modules.left_to_import() if modules is not None else []
     if left:
         info["rebuilt_by_import"] = left
@@ -302,9 +301,9 @@ def retry(store: Store, run_id: str, **options: Any) -> Outcome:
     return resume(store, run_id, retry_failed=True, **options)
 
 
-def _retry_plan(store: Store, run: RunInfo, pending: Pending, calls: int,
-                replay: list[LoggedCall]) -> tuple[Pending, int, list[LoggedCall]]:
-    """``pending``, the call count and the journal to serve for :func:`retry`."""
+def _retry_plan(store: Store, run: RunInfo, resumption: Resumption, calls: int,
+                replay: list[LoggedCall]) -> tuple[Resumption, int, list[LoggedCall]]:
+    """``resumption``, the call count and the journal to serve for :func:`retry`."""
     journal = logged_calls(store.journal(run.run_id))
     failing = journal[-1] if journal else None
     if failing is None or failing.outcome is None or failing.outcome[0] != "throw" \
@@ -324,14 +323,14 @@ def _retry_plan(store: Store, run: RunInfo, pending: Pending, calls: int,
             f"run {run.run_id} failed in a call of a tcc.gather(); retrying one gathered call "
             "is not supported: fork the run from an earlier snapshot instead")
     again = dataclasses.replace(failing, outcome=None, retry=True)
-    if pending[0] == "throw" and failing.key.rpartition(":")[2] == str(calls) \
+    if resumption[0] == "throw" and failing.key.rpartition(":")[2] == str(calls) \
             and all(c.key == failing.key for c in replay):
         # the snapshot was taken at the failed call, and the frame still awaits it (what
         # the journal holds after it are earlier retries of that same call)
         args, kwargs = load_payload(failing.args)
         return ("request", EffectRequest(failing.name, args, kwargs)), calls - 1, [again]
     if replay and replay[-1].key == failing.key:  # served from the journal, then re-issued
-        return pending, calls, [c for c in replay[:-1] if c.key != failing.key] + [again]
+        return resumption, calls, [c for c in replay[:-1] if c.key != failing.key] + [again]
     raise errors.UsageError(
         f"run {run.run_id}: no retained snapshot was taken at or before its failed call "
         f"{failing.name} ({failing.key}); it cannot be retried")
@@ -359,8 +358,8 @@ def resume(
     if retry_failed and run.status != "failed":
         raise errors.UsageError(f"run {run_id} is {run.status}, not failed; there is nothing to retry"
                                 + (f" (`tcc resume {run_id}` continues it)"
-                                   if run.status not in ("completed", "unverified", "cancelled") else ""))
-    if run.status in ("completed", "cancelled"):
+                                   if run.status not in (*RETURNED_STATUSES, *FINAL_STATUSES) else ""))
+    if run.status in FINAL_STATUSES:
         raise errors.UsageError(f"run {run_id} is already {run.status}; there is nothing to resume")
     stored_every = parse_strategy(run.strategy)[1]
     if checkpoint_every is None:
@@ -375,41 +374,38 @@ def resume(
         # Another process finished the run since it was read above: the same
         # answer (and exit code) as when this process saw it finished.
         status = store.get_run(run_id).status
-        if status in ("completed", "cancelled"):
+        if status in FINAL_STATUSES:
             raise errors.UsageError(
                 f"run {run_id} is already {status}; there is nothing to resume") from None
         raise
 
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     # What the fresh import bound, before a snapshot's module-level data overwrites it.
-    modules = ModuleState(_scripts.load_script(_scripts.split_entry(run.entry)[0])) \
-        if strategy != "replay" else None
+    modules = ModuleState(_scripts.entry_module(run.entry)) if strategy != "replay" else None
     if snapshot is not None:
         info, payload = snapshot
         try:
-            state = load_payload(unseal(payload))
+            stored = load_payload(unseal(payload))
         except errors.RestoreError as exc:
             raise type(exc)(
                 f"run {run_id}: snapshot {info.number} cannot be restored: {exc} ({REPLAY_HINT} "
                 f"`tcc resume --strategy replay {run_id}`)"
             ) from exc
-        if not (isinstance(state, tuple) and len(state) in (5, 6, 7) and state[0] == STATE_TAG):
-            raise errors.CorruptSnapshotError(f"run {run_id}: snapshot {info.number} is not a run state")
-        _tag, _version, coro, pending, calls, *rest = state
-        waits = rest[0] if rest else {}
-        if len(rest) > 1 and modules is not None:
-            modules.restore(rest[1])
+        state = unpack_state(stored, run_id, info.number)
+        coro, resumption, calls, waits = state.coro, state.resumption, state.calls, state.waits
+        if state.module_state is not None and modules is not None:
+            modules.restore(state.module_state)
         start_seq = info.journal_len
         store.add_event(run_id, "resumed", {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()})
     else:
         coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry, run_id)
-        pending, calls, start_seq, waits = ("send", None), 0, 0, {}
+        resumption, calls, start_seq, waits = ("send", None), 0, 0, {}
         store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
     tail = store.journal(run_id, start_seq)
-    pending = answered_request(pending, tail)
+    resumption = answered_request(resumption, tail)
     replay = logged_calls(tail)
     if retry_failed:
-        pending, calls, replay = _retry_plan(store, run, pending, calls, replay)
+        resumption, calls, replay = _retry_plan(store, run, resumption, calls, replay)
     if run.status != "running":  # only once the state loaded: a refusal changes nothing
         run = store.set_status(run_id, run.epoch, "running", error=b"")  # a retried failure
     verify_name = _verify_name(store, run_id)
@@ -417,4 +413,4 @@ def resume(
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules)
-    return driver.drive(coro, pending, calls=calls, replay=replay, waits=waits)
+    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import greenlet  # type: ignore[import-untyped]
 
-from ..effects import _context
+from ..effects import Current, reset_current, set_current
 
 
 class SyncRun(greenlet.greenlet):  # type: ignore[misc]
@@ -27,11 +27,11 @@ class GreenletTask:
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], run_id: str) -> None:
         def body() -> Any:
-            token = _context.set_current(_context.Current(run_id))
+            token = set_current(Current(run_id))
             try:
                 return fn(*args)
             finally:
-                _context.reset_current(token)
+                reset_current(token)
 
         self.glet = SyncRun(body)
         self.glet.run_id = run_id

@@ -21,7 +21,6 @@ exits.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,10 +29,8 @@ from typing import Any, Callable, cast
 
 from .._proc import pid_alive
 from ..errors import RunNotFoundError
-from ..store import RunInfo, Store
+from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
 
-HOST = socket.gethostname()
-FINISHED = ("completed", "unverified", "failed", "cancelled")
 BACKOFF_MAX = 300.0  # seconds between resumes of a run whose resumes keep failing
 
 
@@ -95,13 +92,16 @@ def due(store: Store, run: RunInfo, now: float) -> str | None:
                 status = store.get_run(child).status
             except RunNotFoundError:  # lost: resuming starts it again, or reports why not
                 return "child missing"
-            return "child finished" if status in FINISHED else None
+            return "child finished" if status in FINISHED_STATUSES else None
         if any(w["signal"] == "pending" for w in pending_waits(store, run.run_id)):
             return "signal arrived"
     return None
 
 
 class Worker:
+    """``tcc worker``: supervise a store, resuming runs whose owner died, that are due (a
+    sleep ended, a signal or a child's end arrived), up to ``concurrency`` at once."""
+
     def __init__(
         self,
         store: Store,
@@ -171,7 +171,7 @@ class Worker:
         for run in sorted(runs, key=lambda r: r.updated):
             if self.stopping or len(self.children) >= self.concurrency:
                 break
-            if run.run_id in self.children or run.status not in ("running", "sleeping", "waiting"):
+            if run.run_id in self.children or run.status not in LIVE_STATUSES:
                 continue
             if self.backoff.get(run.run_id, (0, 0.0))[1] > now:
                 continue

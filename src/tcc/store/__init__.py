@@ -12,12 +12,26 @@ backend.  Open one with :func:`open_store`::
 The store knows nothing about frames: it keeps opaque ``bytes`` with keyed
 integrity checks.  See ``docs/store.md`` for durability modes, layout,
 integrity, retention and errors.
+
+Besides the interface, this package owns the value sets its callers share:
+:data:`RUN_STATUSES` (and :data:`LIVE_STATUSES`, :data:`PARKED_STATUSES`,
+:data:`FINISHED_STATUSES`, :data:`RETURNED_STATUSES`, :data:`FINAL_STATUSES`),
+:data:`DURABILITIES`, :data:`HOST` (the host name run records give their
+owner) and :func:`check_name` (what a run id, tenant or signal name may be).
 """
 
 from __future__ import annotations
 
 import os
 
+from ..errors import UsageError
+from ._api import DURABILITIES as DURABILITIES
+from ._api import FINAL_STATUSES as FINAL_STATUSES
+from ._api import FINISHED_STATUSES as FINISHED_STATUSES
+from ._api import HOST as HOST
+from ._api import LIVE_STATUSES as LIVE_STATUSES
+from ._api import PARKED_STATUSES as PARKED_STATUSES
+from ._api import RETURNED_STATUSES as RETURNED_STATUSES
 from ._api import RUN_STATUSES as RUN_STATUSES
 from ._api import Completion as Completion
 from ._api import Durability as Durability
@@ -28,9 +42,18 @@ from ._api import RunInfo as RunInfo
 from ._api import RunStatus as RunStatus
 from ._api import SnapshotInfo as SnapshotInfo
 from ._api import Store as Store
+from ._api import StoreDamageWarning as StoreDamageWarning
+from ._codec import check_name as check_name
 from ._lmdb import LmdbStore as LmdbStore
 
 __all__ = [
+    "DURABILITIES",
+    "FINAL_STATUSES",
+    "FINISHED_STATUSES",
+    "HOST",
+    "LIVE_STATUSES",
+    "PARKED_STATUSES",
+    "RETURNED_STATUSES",
     "RUN_STATUSES",
     "Completion",
     "Durability",
@@ -42,6 +65,9 @@ __all__ = [
     "RunStatus",
     "SnapshotInfo",
     "Store",
+    "StoreDamageWarning",
+    "check_name",
+    "default_keep",
     "default_path",
     "open_store",
 ]
@@ -50,6 +76,21 @@ __all__ = [
 def default_path() -> str:
     """``$TCC_STORE`` if set, else ``./.tcc`` (absolute)."""
     return os.path.abspath(os.environ.get("TCC_STORE") or ".tcc")
+
+
+def default_keep() -> int:
+    """The store-wide snapshot retention the ``tcc`` commands use: ``$TCC_KEEP``, else 3
+    (:class:`~tcc.errors.UsageError` if it is not a whole number of at least 1)."""
+    raw = os.environ.get("TCC_KEEP", "").strip()
+    if not raw:
+        return 3
+    try:
+        keep = int(raw)
+    except ValueError:
+        keep = 0
+    if keep < 1:
+        raise UsageError(f"TCC_KEEP={raw!r} must be a whole number of snapshots, at least 1")
+    return keep
 
 
 def open_store(
@@ -65,7 +106,7 @@ def open_store(
 ) -> LmdbStore:
     """Open (by default creating) the store at ``path`` for one tenant.
 
-    ``durability`` is ``"sync"`` (fsync every commit), ``"group"``
+    ``durability`` (one of :data:`DURABILITIES`) is ``"sync"`` (fsync every commit), ``"group"``
     (concurrent commits share one fsync; same guarantee as sync) or
     ``"none"`` (no fsync: safe against process crashes only).  ``keep`` is
     how many newest snapshots per run retention keeps.  ``map_size`` (default

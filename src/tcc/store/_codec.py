@@ -1,4 +1,4 @@
-"""Key layout, the per-store secret, and authenticated record encoding.
+"""Key layout, range reads over it, names, and authenticated record encoding.
 
 Key layout (all keys are bytes, well under LMDB's 511-byte limit)::
 
@@ -9,11 +9,13 @@ Key layout (all keys are bytes, well under LMDB's 511-byte limit)::
     events    tenant 0x00 run_id 0x00 seq(u64 BE)     -> sealed event record
     pins      tenant 0x00 run_id 0x00 number 0x00 holder_run_id -> b""
     chunks    chunk id(u64 BE) b"d"                   -> codec byte + stored bytes
-    chunks    chunk id(u64 BE) b"r"                   -> holder count (u32 LE), see _refs
+    chunks    chunk id(u64 BE) b"r"                   -> holder count (u32 LE), see _chunkrefs
     meta      b"format"                               -> JSON store header
 
-Tenant, run ids and signal names never contain NUL (validated), so one run's
-keys are a contiguous range that never overlaps another run's or tenant's.
+Tenant, run ids and signal names never contain NUL (validated by
+:func:`check_name`), so one run's keys are a contiguous range that never
+overlaps another run's or tenant's; :func:`iter_prefix` reads such a range.
+Each counted range also has a sealed *head record* (see ``_heads``).
 
 A *sealed* record is ``MAC(16) | version(1) | header_len(u32 LE) | JSON header
 | blob bytes...``.  The MAC is keyed BLAKE2b over the database name, the key
@@ -26,7 +28,7 @@ against ~1.3 ms for BLAKE2b: it is on the path of every checkpoint of new
 bytes and of every recovery) and keyed BLAKE2b-256 in stores of format 3,
 whose chunk addresses stay as they were written.
 
-In an encrypted store (format 5, ``_crypt``), the body after the MAC is
+In an encrypted store (format ``4-encrypted``, ``_crypt``), the body after the MAC is
 ``0x02 | AEAD(plain body)``, bound to the database and key, and a stored chunk
 is ``0x02 | AEAD(codec byte + bytes)``, bound to its address; the MAC is
 computed over the encrypted body, so the structure check can verify records
@@ -40,27 +42,35 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import UsageError
 
 __all__ = [
     "CHUNK_HASHES",
+    "DBS",
     "ENCRYPTED",
+    "RECORD_MIN",
     "SECRET_NAME",
     "Corrupt",
     "Sealer",
+    "SnapRow",
+    "as_bytes",
+    "check_int",
     "check_name",
-    "load_or_create_secret",
+    "iter_prefix",
+    "last_seq",
     "prefix",
     "seq_key",
+    "snap_rows",
     "u64",
 ]
 
 SECRET_NAME = "secret"
+DBS = ("meta", "runs", "journal", "snaps", "chunks", "signals", "events", "pins")  # see above
 _VERSION = 1
 ENCRYPTED = 2  # the version byte of an encrypted record body, the codec byte of an encrypted chunk
 _ENCRYPTED_HEAD = bytes([ENCRYPTED])
@@ -78,13 +88,22 @@ class Corrupt(Exception):
 
 
 def check_name(kind: str, value: str, *, new: bool = False) -> bytes:
-    """Validate a tenant/run/signal name and return it encoded.
+    """Validate a tenant, run id or signal name and return it ASCII-encoded.
+
+    Accepted: a ``str`` of 1 to 128 characters, each one of ``A-Z a-z 0-9``
+    and ``. _ : @ + = -`` (so never NUL, ``/`` or whitespace).  Anything
+    else raises :class:`~tcc.errors.UsageError` (a ``ValueError``) naming
+    ``kind`` (say ``"run id"``) and the value.
 
     ``new``: the name is being given to something created now (a run id at
-    ``create_run``/``fork_run``, ``tcc run --run-id``): it may not start with
-    "-" either, which a command line would read as an option (the worker passed
-    a run id "-h" to ``tcc resume``, which printed its help and exited 0).
-    Names that already exist are still accepted, so that older stores work.
+    ``create_run``/``fork_run``, ``tcc run --run-id``): then it may not start
+    with "-" either, because a command line that is handed the id (``tcc
+    resume ID``) would read it as an option.  Existing names that start with
+    "-" are still accepted, so that their runs can be found.
+
+    (The signal names a program waits on are checked by ``tcc.effects``
+    under a stricter rule, without "@": the runtime stores each wait as
+    ``NAME@k``, which this rule accepts.)
     """
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise UsageError(  # a ValueError too
@@ -100,9 +119,9 @@ def check_name(kind: str, value: str, *, new: bool = False) -> bytes:
 def as_bytes(what: str, value: object) -> bytes:
     """``value`` if it is bytes-like, as bytes; else UsageError naming ``what``.
 
-    ``bytes(5)`` is five zero bytes and ``bytes([1, 2])`` two bytes: a store
-    that called ``bytes()`` on whatever it was given stored the wrong value
-    without a word (review finding).
+    Never converts anything else: ``bytes(5)`` is five zero bytes and
+    ``bytes([1, 2])`` two bytes, so converting would store a wrong value
+    without a word.
     """
     if isinstance(value, bytes):
         return value
@@ -133,42 +152,45 @@ def seq_key(tenant: bytes, run_id: bytes, n: int) -> bytes:
     return prefix(tenant, run_id) + _U64.pack(n)
 
 
-def key_seq(key: bytes) -> int:
-    """The sequence number at the end of a sequenced key."""
-    return int(_U64.unpack_from(key, len(key) - 8)[0])
+SnapRow = tuple[int, bytes, bytes]  # a stored snapshot record: (number, key, sealed value)
 
 
-def load_or_create_secret(directory: str, create: bool) -> bytes:
-    """Read the store secret, creating it atomically (0600) if allowed.
+def iter_prefix(txn: Any, db: Any, pfx: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """All (key, value) pairs of ``db`` whose key starts with ``pfx``, in key order.
 
-    Concurrent creators race safely: each writes a private temp file and
-    hard-links it into place; the loser reads the winner's secret.
+    ``start`` (a key with that prefix) skips straight to it: reading the tail of
+    a long journal costs the tail, not the whole journal.
     """
-    path = os.path.join(directory, SECRET_NAME)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        if not create:
-            raise
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, os.urandom(32))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
-        with open(path, "rb") as f:
-            data = f.read()
-    if len(data) != 32:
-        raise Corrupt(f"secret file {path} has {len(data)} bytes, expected 32")
-    return data
+    cur = txn.cursor(db=db)
+    first = start if start is not None else pfx
+    if not (cur.set_range(first) if first else cur.first()):
+        return
+    for key, value in cur:
+        if not key.startswith(pfx):
+            return
+        yield key, value
+
+
+def last_seq(txn: Any, db: Any, pfx: bytes) -> int:
+    """Sequence number of the last record under ``pfx`` (-1 if none)."""
+    cur = txn.cursor(db=db)
+    if cur.set_range(pfx + b"\xff" * 9):
+        ok = cur.prev()
+    else:
+        ok = cur.last()
+    if ok:
+        k = cur.key()
+        if k.startswith(pfx) and len(k) == len(pfx) + 8:
+            return int.from_bytes(k[-8:], "big")
+    return -1
+
+
+def snap_rows(txn: Any, db: Any, pfx: bytes) -> list[SnapRow]:
+    """The stored snapshot records of one run (key prefix ``pfx``), oldest first."""
+    n = len(pfx) + 8
+    return [
+        (int.from_bytes(k[-8:], "big"), k, v) for k, v in iter_prefix(txn, db, pfx) if len(k) == n
+    ]
 
 
 class Sealer:

@@ -1,0 +1,36 @@
+"""Types of ``tcc._native`` (native/tcc_native.c): read and write suspended frames.
+
+Every function validates its arguments against the frame before touching it and raises
+on any mismatch; none writes frame memory it has not validated.
+"""
+
+from typing import Any
+
+CREATED: int
+SUSPENDED: int
+RUNNING: int
+FINISHED: int
+KIND_ITER: int
+KIND_EXC: int
+KIND_EXC_OR_NONE: int
+KIND_LASTI: int
+KIND_LIST: int
+KIND_SET: int
+KIND_DICT: int
+KIND_TUPLE: int
+KIND_EXC_ITEMS: int
+BUILT_FOR: str  # the exact CPython version this module was compiled for
+
+def read_frame(gen: Any, null: object, /) -> tuple[int, int, tuple[Any, ...], BaseException | None, Any]:
+    """(state, offset, slots, exc, func) of a generator's or coroutine's frame, undisturbed."""
+
+def check_frame(gen: Any, code: Any, state: int, offset: int, slots: tuple[Any, ...],
+                exc: BaseException | None, null: object, /) -> None:
+    """Validate a frame record against a fresh generator; write nothing."""
+
+def check_kinds(slots: tuple[Any, ...], kinds: Any, null: object, lasti_max: int, /) -> int:
+    """Index of the first slot that lacks a kind it needs (``KIND_*`` flags), or -1."""
+
+def write_frame(gen: Any, code: Any, state: int, offset: int, slots: tuple[Any, ...],
+                exc: BaseException | None, null: object, /) -> None:
+    """Validate a frame record, then write it into a fresh generator."""

@@ -1,0 +1,282 @@
+"""The journaled steps: what the driver does for each request whose outcome the journal
+records -- an effect call, a ``tcc.gather``, a wait for a signal, a sleep, a spawn.
+
+Each step allocates the next call key of the run (``RUN:k``; gathered calls are
+``RUN:k.i``).  While a resumed run has journaled calls left to serve
+(:class:`~._journal.Replay`), a step takes the call the journal recorded under its key
+and returns its recorded outcome, or, for a call that was in flight at the crash,
+issues it again (:meth:`~._attempts.Attempts.reissue`).  Otherwise it journals an
+intent, runs the call, and commits its completion, with a snapshot when one is due.
+
+Waits, sleeps and spawns are journaled as calls of the markers ``tcc:wait``,
+``tcc:sleep`` and ``tcc:spawn``; a wait or a sleep that cannot end in this process
+parks the run (:meth:`Driver.park`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import errors
+from ..capture import dump_payload, load_payload
+from ..effects import reusing_live_resources
+from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnRequest, WaitRequest, lookup
+from ._attempts import should_retry
+from ._journal import call_repr, completion_record
+from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
+from ._outcome import encode_error
+from ._parking import STOP, Parked
+from ._state import Resumption
+
+if TYPE_CHECKING:
+    from ._driver import Driver
+
+
+def journaled(d: Driver, coro: Any, request: Any) -> Resumption:
+    """The outcome of ``request`` (an effect call, a gather, a wait, a sleep or a spawn)."""
+    if isinstance(request, EffectRequest):
+        return effect_call(d, coro, request)
+    if isinstance(request, GatherRequest):
+        return gather(d, coro, request)
+    if isinstance(request, WaitRequest):
+        return wait(d, coro, request)
+    if isinstance(request, SleepRequest):
+        return sleep(d, coro, request)
+    return spawn(d, coro, request)
+
+
+# ---------------------------------------------------------- effect calls
+
+def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
+    key = d.next_key()
+    effect = _effect(request.name)
+    if d.replay:
+        logged = d.replay.take(key, request.name)
+        d.replay.check_arguments(coro, logged, request.name, request.args, request.kwargs,
+                                 lambda: _dump_args(d, effect, request))
+        if logged.retry:
+            d.store.add_event(d.run_id, "retried", {"effect": effect.name, "key": key,
+                                                    "attempt": logged.attempt + 1},
+                              epoch=d.epoch)
+            outcome, completion = d.attempts.run_attempts(
+                effect, logged.args, key, logged.attempt + 1,
+                last=logged.attempt + 1 + effect.retries)
+        elif logged.outcome is not None and not should_retry(effect, logged):
+            d.replayed += 1
+            return logged.outcome
+        else:
+            outcome, completion = d.attempts.reissue(effect, logged)
+    else:
+        args = _dump_args(d, effect, request)
+        outcome, completion = d.attempts.run_attempts(effect, args, key, 1)
+    d.completed(coro, outcome, completion)
+    return outcome
+
+
+def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
+    base = d.next_key()
+    subs = request.requests
+    effects = [_effect(r.name) for r in subs]
+    outcomes: list[Resumption | None] = [None] * len(subs)
+    todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int]] = []
+    for i, (req, eff) in enumerate(zip(subs, effects)):
+        key = f"{base}.{i}"
+        if d.replay:
+            logged = d.replay.take(key, req.name)
+            d.replay.check_arguments(coro, logged, req.name, req.args, req.kwargs,
+                                     lambda: _dump_args(d, eff, req))
+            if logged.outcome is not None and not should_retry(eff, logged):
+                outcomes[i] = logged.outcome
+                d.replayed += 1
+                continue
+            args, kwargs = load_payload(logged.args)
+            if logged.outcome is None:  # in flight at a crash: in doubt, as in Attempts.reissue
+                found = d.attempts.probe(eff, logged, args, kwargs)
+                if found is not None:
+                    outcomes[i] = found[0]
+                    d.store.append_completion(d.run_id, d.epoch, found[1])
+                    d.effects += 1
+                    continue
+            todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
+        else:
+            blob = _dump_args(d, eff, req)
+            with reusing_live_resources():  # the recorded copy, as in Attempts.run_attempts
+                args, kwargs = load_payload(blob)
+            todo.append((i, eff, args, kwargs, blob, key, 1))
+    if todo:
+        seqs = [
+            d.store.append_intent(
+                d.run_id, d.epoch, eff.name, blob, idempotency_key=key, attempt=attempt
+            )
+            for (_i, eff, _a, _k, blob, key, attempt) in todo
+        ]
+
+        async def all_of() -> list[Any]:
+            return await asyncio.gather(
+                *(d.attempts.invoke(eff, a, k, key, att) for (_i, eff, a, k, _b, key, att) in todo),
+                return_exceptions=True,
+            )
+
+        t0 = time.perf_counter()
+        assert d.attempts.loop is not None
+        results = d.attempts.loop.run_until_complete(all_of())
+        duration = time.perf_counter() - t0
+        stopped = next((r for r in results if isinstance(r, Parked)), None)
+        for (i, *_rest), seq, res in zip(todo, seqs, results):
+            if isinstance(res, Parked):  # never started: its intent stays open (in doubt)
+                continue
+            outcome: Resumption = ("throw", res) if isinstance(res, Exception) else ("send", res)
+            outcomes[i] = outcome
+            d.store.append_completion(d.run_id, d.epoch, completion_record(seq, outcome, duration))
+            d.effects += 1
+        if stopped is not None:
+            raise stopped
+    values = []
+    for done in outcomes:
+        assert done is not None
+        if done[0] == "throw":
+            return done
+        values.append(done[1])
+    resumption: Resumption = ("send", values)
+    if todo and d.snapshots:
+        d.snapshot(coro, resumption, None)
+    return resumption
+
+
+def _dump_args(d: Driver, effect: Effect, request: EffectRequest) -> bytes:
+    """The call's arguments for its intent; if they cannot be captured, the run fails
+    (a capture error must not escape the driver and leave the run ``running``)."""
+    try:
+        return dump_payload((request.args, request.kwargs))
+    except errors.CaptureError as exc:
+        message = f"the arguments of effect {effect.name!r} cannot be journaled: {exc}"
+        method = getattr(effect.fn, "__name__", "")
+        if request.args and any(vars(k).get(method) is effect for k in type(request.args[0]).__mro__):
+            message += (
+                f"; a call through an instance journals the instance (a "
+                f"{type(request.args[0]).__qualname__}) as its first argument: keep live clients "
+                "in it as tcc.resource(...), or make the effect a @staticmethod or a function")
+        d.store.set_status(d.run_id, d.epoch, "failed",
+                           error=encode_error(errors.CaptureError(message)))
+        raise errors.RunFailedError(message) from exc
+
+
+def _effect(name: str) -> Effect:
+    try:
+        return lookup(name)
+    except LookupError as exc:
+        raise errors.RunFailedError(str(exc)) from None
+
+
+# ---------------------------------------------------------- waits, timers, children
+
+def _journal_marker(d: Driver, name: str, args: Any) -> tuple[str, int | None, Resumption | None, Any]:
+    """Allocate the call key of a wait/sleep/spawn and journal its intent.
+
+    Returns (key, intent_seq, recorded outcome or None, recorded args).
+    """
+    key = d.next_key()
+    if d.replay:
+        logged = d.replay.take(key, name)
+        if logged.outcome is not None:
+            d.replayed += 1
+            return key, logged.intent_seq, logged.outcome, load_payload(logged.args)
+        return key, logged.intent_seq, None, load_payload(logged.args)
+    seq = d.store.append_intent(d.run_id, d.epoch, name, dump_payload(args), idempotency_key=key)
+    return key, seq, None, args
+
+
+def _record_marker(d: Driver, coro: Any, outcome: Resumption, intent_seq: int,
+                   consume: str | None = None) -> None:
+    completion = completion_record(intent_seq, outcome, 0.0)
+    if d.snapshots:
+        d.snapshot(coro, outcome, completion, consume_signal=consume)
+    else:
+        d.store.append_completion(d.run_id, d.epoch, completion, consume_signal=consume)
+
+
+def wait(d: Driver, coro: Any, req: WaitRequest) -> Resumption:
+    if req.key is None:
+        occurrence = d.waits.get(req.name, 0) + 1
+        wait_id = f"{req.name}@{occurrence}"
+        key, seq, outcome, recorded = _journal_marker(d, WAIT_EFFECT, wait_id)
+        if recorded != wait_id:
+            d.replay.diverged(coro, f"call {key.rpartition(':')[2]}", f"a wait for {wait_id!r}",
+                              f"a wait for {recorded!r}")
+        d.waits[req.name] = occurrence
+        if outcome is not None:
+            return outcome
+        req.wait_id, req.key, req.intent_seq = recorded, key, seq
+        if req.timeout is not None:
+            req.deadline = time.time() + req.timeout
+        d.store.add_event(d.run_id, "wait", {"id": req.wait_id, "name": req.name,
+                                             "kind": req.kind, "prompt": req.prompt},
+                          epoch=d.epoch)
+    assert req.wait_id is not None and req.intent_seq is not None
+    give_up = time.monotonic() + d.wait_seconds
+    while True:
+        raw = d.store.peek_signal(d.run_id, req.wait_id)
+        if raw is not None:
+            value = json.loads(raw) if raw else None
+            if req.kind == "approval":
+                value = bool(isinstance(value, dict) and value.get("approved"))
+            outcome = ("send", value)
+            _record_marker(d, coro, outcome, req.intent_seq, consume=req.wait_id)
+            d.store.add_event(d.run_id, "wait_satisfied", {"id": req.wait_id}, epoch=d.epoch)
+            return outcome
+        if req.deadline is not None and time.time() >= req.deadline:
+            outcome = ("throw", TimeoutError(f"no signal {req.wait_id!r} within {req.timeout} s"))
+            _record_marker(d, coro, outcome, req.intent_seq)
+            return outcome
+        if time.monotonic() >= give_up or STOP.is_set():  # SIGTERM: park, resumable
+            break
+        d.claim.check_owner(f"waited for {req.wait_id!r}")
+        time.sleep(0.1)
+    info = {"id": req.wait_id, "name": req.name, "kind": req.kind, "prompt": req.prompt,
+            "deadline": req.deadline}
+    d.park(coro, req, "waiting", info)
+    raise AssertionError("unreachable")
+
+
+def sleep(d: Driver, coro: Any, req: SleepRequest) -> Resumption:
+    if req.key is None:
+        key, seq, outcome, recorded = _journal_marker(d, SLEEP_EFFECT, req.until)
+        if outcome is not None:
+            return outcome
+        req.until, req.key, req.intent_seq = float(recorded), key, seq
+    assert req.intent_seq is not None
+    remaining = req.until - time.time()
+    if remaining > d.sleep_inline:
+        d.park(coro, req, "sleeping", {"until": req.until})
+    while remaining > 0:  # in slices: a cancel or SIGTERM is noticed during the sleep
+        if STOP.is_set():
+            d.park(coro, req, "sleeping", {"until": req.until})
+        time.sleep(min(remaining, 0.5))
+        d.claim.check_owner(f"slept until {req.until}")
+        remaining = req.until - time.time()
+    outcome = ("send", None)
+    _record_marker(d, coro, outcome, req.intent_seq)
+    return outcome
+
+
+def spawn(d: Driver, coro: Any, req: SpawnRequest) -> Resumption:
+    key, seq, outcome, recorded = _journal_marker(d, SPAWN_EFFECT, (req.func, req.args))
+    if (recorded[0], list(recorded[1])) != (req.func, list(req.args)):
+        d.replay.diverged(coro, f"call {key.rpartition(':')[2]}",
+                          "tcc.spawn" + call_repr(req.func, req.args),
+                          "tcc.spawn" + call_repr(recorded[0], recorded[1]))
+    if outcome is not None:
+        return outcome
+    func, args = recorded
+    child_id = f"{d.run_id}.{key.rpartition(':')[2]}"
+    if d.spawner is None:
+        outcome = ("throw", RuntimeError("tcc.spawn() is only available in a run started by tcc"))
+    else:
+        outcome = d.spawner(child_id, func, tuple(args))
+    assert seq is not None
+    d.effects += 1
+    _record_marker(d, coro, outcome, seq)
+    return outcome
