@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
 from ._api import DURABILITIES as DURABILITIES
 from ._api import FINAL_STATUSES as FINAL_STATUSES
 from ._api import FINISHED_STATUSES as FINISHED_STATUSES
@@ -81,6 +80,8 @@ def default_path() -> str:
 def default_keep() -> int:
     """The store-wide snapshot retention the ``tcc`` commands use: ``$TCC_KEEP``, else 3
     (:class:`~tcc.errors.UsageError` if it is not a whole number of at least 1)."""
+    from ..errors import UsageError
+
     raw = os.environ.get("TCC_KEEP", "").strip()
     if not raw:
         return 3
