@@ -7,6 +7,7 @@
 * ``childrun`` -- run code in fresh child interpreters that can import this package.
 * ``stores`` -- deterministic payloads and a fresh-interpreter runner for the store tests.
 * ``reliability`` -- ledgers, clear-error checks and raw LMDB access for the reliability suite.
+* ``fixtures`` -- a private copy of a checked-in fixture store (tests/fixtures).
 * ``users`` -- two real users (root and ``nobody``) for the store-trust tests.
 
 ``ROOT`` is the repository root: a child process that imports this package needs it on

@@ -25,12 +25,13 @@ import os
 import stat
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests._support.fixtures import unpack_private
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 RUNS = FIXTURES / "runs"
@@ -92,25 +93,10 @@ def agent() -> Path:
 
 
 def unpack(tag: str, tmp_path: Path) -> str:
-    """A private copy of the fixture store (directory 0700, files 0600, ours): the store
-    refuses files another user could have changed."""
+    """A private copy of this interpreter's (or ``tag``'s) fixture store."""
     manifest = MANIFESTS[tag]
-    archive = RUNS / tag / manifest["archive"]
-    assert sha256(archive.read_bytes()) == manifest["archive_sha256"], (
-        f"{archive} is not the archive its manifest describes")
-    dest = tmp_path / f"store-{tag}"
-    os.mkdir(dest, 0o700)
-    os.chmod(dest, 0o700)
-    with tarfile.open(archive, "r:gz") as tar:
-        for member in tar.getmembers():
-            assert member.isfile() and "/" not in member.name and not member.name.startswith(".")
-            src = tar.extractfile(member)
-            assert src is not None
-            fd = os.open(dest / member.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                         0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(src.read())
-    return str(dest)
+    return unpack_private(RUNS / tag / manifest["archive"], manifest["archive_sha256"],
+                          tmp_path / f"store-{tag}")
 
 
 def tcc(store: str, *args: str, ledger: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from tcc import errors
 from tcc.capture import interpreter_tag, loads
 from tcc.store import open_store
 from tcc.store import _format
+from tests._support.fixtures import unpack_private
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 STORES = FIXTURES / "stores"
@@ -60,25 +59,9 @@ def _no_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def unpack(fixture: str, tmp_path: Path) -> str:
-    """A private copy of the fixture store (directory 0700, files 0600, ours): the
-    store refuses files another user could have changed."""
+    """A private copy of the fixture store ``fixture``."""
     manifest = MANIFESTS[fixture]
-    archive = STORES / manifest["archive"]
-    assert hashlib.sha256(archive.read_bytes()).hexdigest() == manifest["archive_sha256"], (
-        f"{archive} is not the archive its manifest describes")
-    dest = tmp_path / fixture
-    os.mkdir(dest, 0o700)
-    os.chmod(dest, 0o700)
-    with tarfile.open(archive, "r:gz") as tar:
-        for member in tar.getmembers():
-            assert member.isfile() and "/" not in member.name and not member.name.startswith(".")
-            src = tar.extractfile(member)
-            assert src is not None
-            fd = os.open(dest / member.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                         0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(src.read())
-    return str(dest)
+    return unpack_private(STORES / manifest["archive"], manifest["archive_sha256"], tmp_path / fixture)
 
 
 def key_of(fixture: str) -> str | None:
