@@ -17,6 +17,7 @@ __all__ = [
     "CodeChangedError",
     "StoreError",
     "StoreNotFoundError",
+    "StoreConnectionError",
     "StoreCorruptError",
     "StoreFullError",
     "StoreInsecureError",
@@ -86,6 +87,15 @@ class StoreFullError(StoreError):
 
 class StoreInsecureError(StoreError, PermissionError):
     """The store's directory or files could be changed by another user; tcc will not use them."""
+
+
+class StoreConnectionError(StoreError, ConnectionError):
+    """The store's database server could not be reached, or the connection was lost.
+
+    Raised by a store that lives on a server (PostgreSQL).  If the connection
+    broke during a write, the message says so: whether that write committed is
+    then unknown, and the run resumes from what the store has.
+    """
 
 
 class FencedError(StoreError):

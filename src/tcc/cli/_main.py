@@ -22,7 +22,12 @@ from . import _render
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="PATH", help="store directory (default: $TCC_STORE or ./.tcc)")
+    parser.add_argument("--store", metavar="PATH|URL",
+                        help="store directory, or postgresql://USER@HOST:PORT/DB (default: "
+                             "$TCC_STORE or ./.tcc)")
+    parser.add_argument("--key-file", metavar="PATH",
+                        help="the store key (64 hex digits, mode 0600): needed by a PostgreSQL "
+                             "store; encrypts a new LMDB store (default: $TCC_STORE_KEY_FILE)")
     parser.add_argument("--tenant", default="default", help="tenant the runs belong to (default: default)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--durability", choices=DURABILITIES,
@@ -195,6 +200,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="also rewrite the store file without free space (needs exclusive access)")
     gc.set_defaults(handler=_cmd_gc)
 
+    init = sub.add_parser("init", help="create a store (and its key file, if --key-file names one "
+                          "that does not exist); a PostgreSQL store needs --key-file")
+    _common(init)
+    init.set_defaults(handler=_cmd_init)
+
     info = sub.add_parser("info", help="show the interpreter tag and native-module status")
     info.set_defaults(handler=_cmd_info, json=False)
     return parser
@@ -205,6 +215,25 @@ def _open(args: argparse.Namespace, *, create: bool) -> Any:
 
     return open_store(args.store, tenant=args.tenant, create=create, durability=args.durability,
                       keep=default_keep())
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from ..store import init_store
+
+    store, made = init_store(args.store, key_file=args.key_file, tenant=args.tenant)
+    with store:
+        doc = {"store": store.path, "key_file": args.key_file, "key_file_created": made}
+    if args.json:
+        import json
+
+        print(json.dumps(doc))
+    else:
+        print(f"store {_render.clean(doc['store'])} is ready")
+        if made:
+            print(f"created the key file {args.key_file} (mode 0600): every process that uses the "
+                  "store needs it (--key-file or $TCC_STORE_KEY_FILE); keep a copy somewhere safe, "
+                  "since the store cannot be read without it")
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -459,6 +488,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     try:
         _check_args(args)
+        key_file = getattr(args, "key_file", None)
+        if key_file and args.command != "init":
+            # as $TCC_STORE_KEY_FILE, so that the runs this command starts (tcc worker's
+            # resumes) are given the key too
+            os.environ["TCC_STORE_KEY_FILE"] = os.path.abspath(key_file)
         return int(handler(args))
     except UsageError as exc:
         if args.debug:

@@ -20,6 +20,7 @@ exits.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -181,16 +182,22 @@ class Worker:
             # "--" before the run id, and --tenant=: a run id or tenant starting with "-"
             # (older tcc allowed one; "-h" printed help and exited 0 every poll) is
             # never read as an option
-            args = [*self.command, "resume", "--store", self.store.path,
-                    f"--tenant={self.store.tenant}", "--", run.run_id]
+            args = [*self.command, "resume", f"--tenant={self.store.tenant}", "--", run.run_id]
             self.log(f"worker: resuming {run.run_id} ({reason})")
             err = tempfile.TemporaryFile()
             self.errs[run.run_id] = err
             self.children[run.run_id] = subprocess.Popen(
-                args, env=self.env, stdout=subprocess.DEVNULL, stderr=err
+                args, env=self._child_env(), stdout=subprocess.DEVNULL, stderr=err
             )
             started += 1
         return started
+
+    def _child_env(self) -> dict[str, str]:
+        """The environment of a resume: the store in $TCC_STORE (a database URL may hold a
+        password, which a command line would show to every user of the host)."""
+        env = dict(os.environ if self.env is None else self.env)
+        env["TCC_STORE"] = getattr(self.store, "url", None) or self.store.path
+        return env
 
     def serve(self, *, once: bool = False) -> int:
         signal.signal(signal.SIGTERM, self.stop)

@@ -1,7 +1,9 @@
 """tcc.store: the durable store (runs, journal, snapshots, signals, events).
 
 The runtime talks to a :class:`Store`; :class:`LmdbStore` is the embedded
-backend.  Open one with :func:`open_store`::
+backend, and a ``postgresql://`` URL opens the PostgreSQL backend (many hosts
+share one database; ``pip install 'tcc[postgres]'``).  Open either with
+:func:`open_store`::
 
     from tcc.store import open_store
 
@@ -23,6 +25,7 @@ owner) and :func:`check_name` (what a run id, tenant or signal name may be).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ._api import DURABILITIES as DURABILITIES
 from ._api import FINAL_STATUSES as FINAL_STATUSES
@@ -44,6 +47,7 @@ from ._api import Store as Store
 from ._api import StoreDamageWarning as StoreDamageWarning
 from ._codec import check_name as check_name
 from ._lmdb import LmdbStore as LmdbStore
+from ._postgres import is_postgres_url
 
 __all__ = [
     "DURABILITIES",
@@ -68,13 +72,15 @@ __all__ = [
     "check_name",
     "default_keep",
     "default_path",
+    "init_store",
     "open_store",
 ]
 
 
 def default_path() -> str:
-    """``$TCC_STORE`` if set, else ``./.tcc`` (absolute)."""
-    return os.path.abspath(os.environ.get("TCC_STORE") or ".tcc")
+    """``$TCC_STORE`` if set, else ``./.tcc`` (absolute; a PostgreSQL URL as it is)."""
+    where = os.environ.get("TCC_STORE") or ".tcc"
+    return where if is_postgres_url(where) else os.path.abspath(where)
 
 
 def default_keep() -> int:
@@ -104,8 +110,17 @@ def open_store(
     map_size: int | None = None,
     max_map_size: int | None = None,
     key: bytes | str | None = None,
-) -> LmdbStore:
+    key_file: str | os.PathLike[str] | None = None,
+) -> Store:
     """Open (by default creating) the store at ``path`` for one tenant.
+
+    ``path`` is a directory (the embedded LMDB store, :class:`LmdbStore`) or a
+    PostgreSQL URL, ``postgresql://USER@HOST:PORT/DB`` or ``postgres://...``
+    (the server store, ``tcc.store._postgres.PgStore``; see the README's
+    "PostgreSQL store").  A PostgreSQL store needs its key: ``key``,
+    ``key_file`` (a file of 64 hex digits, mode 0600), ``$TCC_STORE_KEY_FILE``
+    or ``$TCC_STORE_KEY``; :func:`init_store` creates the schema and the key
+    file.  ``map_size`` and ``max_map_size`` apply to LMDB only.
 
     ``durability`` (one of :data:`DURABILITIES`) is ``"sync"`` (fsync every commit), ``"group"``
     (concurrent commits share one fsync; same guarantee as sync) or
@@ -141,6 +156,75 @@ def open_store(
     by others is never allowed, and tcc itself still creates everything
     private (0700/0600): granting the group access is the deployment's job.
     """
-    where = os.fspath(path) if path is not None else default_path()
+    from ._crypt import resolve_key
+
+    raw = os.fspath(path) if path is not None else os.environ.get("TCC_STORE") or ""
+    store_key = resolve_key(key) if key_file is None or key is not None else _key_from_file(key_file)
+    if is_postgres_url(raw):
+        from ._postgres import PgStore
+
+        return PgStore(raw, tenant=tenant, durability=durability, create=create, keep=keep,
+                       key=store_key)
+    where = raw and os.path.abspath(raw) or default_path()
     return LmdbStore(where, tenant=tenant, durability=durability, create=create, keep=keep,
-                     map_size=map_size, max_map_size=max_map_size, key=key)
+                     map_size=map_size, max_map_size=max_map_size, key=store_key)
+
+
+def _key_from_file(path: str | os.PathLike[str]) -> Any:
+    from ._crypt import StoreKey, _read_key_file
+
+    where = os.fspath(path)
+    return StoreKey(_read_key_file(where, label=f"--key-file {where}"), where)
+
+
+def init_store(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    key_file: str | os.PathLike[str] | None = None,
+    tenant: str = "default",
+) -> tuple[Store, bool]:
+    """Create the store at ``path`` (a directory or a PostgreSQL URL) if it does not exist,
+    and the key file ``key_file`` (64 random hex digits, mode 0600) if it is given and
+    does not exist.  Returns the open store and whether a key file was created.
+
+    A PostgreSQL store needs a key file: UsageError without one.  Creating a
+    store that exists only checks that the key is its key.
+    """
+    from ..errors import UsageError
+
+    raw = os.fspath(path) if path is not None else os.environ.get("TCC_STORE") or ""
+    if key_file is None and is_postgres_url(raw):
+        key_file = os.environ.get("TCC_STORE_KEY_FILE") or None
+        if key_file is None:
+            raise UsageError("a PostgreSQL store needs a key file: tcc init --store URL "
+                             "--key-file PATH (the file is created if it does not exist)")
+    made = False
+    if key_file is not None:
+        made = _make_key_file(os.fspath(key_file))
+    try:
+        store = open_store(raw or None, tenant=tenant, create=True, key_file=key_file)
+    except BaseException:
+        if made:  # a key file that opens nothing would only mislead
+            os.unlink(os.fspath(key_file))  # type: ignore[arg-type]
+        raise
+    return store, made
+
+
+def _make_key_file(path: str) -> bool:
+    """Create ``path`` with a new random key (mode 0600) unless it exists; True if created."""
+    import secrets
+
+    from ..errors import StoreError
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise StoreError(f"cannot create the key file {path}: {exc.strerror}") from None
+    try:
+        os.write(fd, (secrets.token_bytes(32).hex() + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True

@@ -454,6 +454,19 @@ class Store(Protocol):
         """
         ...
 
+    def journal_length(self, run_id: str) -> int:
+        """How many journal records the run has, without reading them: ``journal(run_id,
+        journal_length(run_id) - n)`` reads only the last n."""
+        ...
+
     def close(self) -> None:
         """Release the store (idempotent); later calls raise StoreError."""
+        ...
+
+    def __enter__(self) -> Any:
+        """The store itself (``with open_store(...) as store:``)."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        """:meth:`close`."""
         ...

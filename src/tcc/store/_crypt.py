@@ -149,9 +149,10 @@ def _parse(raw: bytes | str, what: str) -> bytes:
         raise UsageError(f"{what} must be 64 hex digits (0-9 a-f), and it is not") from None
 
 
-def _read_key_file(path: str) -> bytes:
-    """The key in ``path``: a regular file of this user, closed to group and others."""
-    where = f"{KEY_FILE_ENV}={path}"
+def _read_key_file(path: str, label: str | None = None) -> bytes:
+    """The key in ``path``: a regular file of this user, closed to group and others.
+    ``label``: how messages name it (default ``TCC_STORE_KEY_FILE=path``)."""
+    where = label or f"{KEY_FILE_ENV}={path}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from . import _events, _journal, _retention, _runs, _signals, _snapshots
 from ._api import Completion, Event, GcStats, JournalRecord, RunInfo, SnapshotInfo
+from ._crypt import StoreKey
 from ._scope import Scope
 
 __all__ = ["LmdbStore"]
@@ -52,7 +53,7 @@ class LmdbStore:
         keep: int = 3,
         map_size: int | None = None,
         max_map_size: int | None = None,
-        key: bytes | str | None = None,
+        key: bytes | str | StoreKey | None = None,
     ) -> None:
         self._scope = Scope(path, tenant=tenant, durability=durability, create=create, keep=keep,
                             map_size=map_size, max_map_size=max_map_size, key=key)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..errors import StoreCorruptError, StoreError
 from ._chunkrefs import HeldCache
 from ._codec import check_int, check_name, prefix
-from ._crypt import resolve_key
+from ._crypt import StoreKey, resolve_key
 from ._env import EnvHandle, acquire
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class Scope:
         keep: int,
         map_size: int | None,
         max_map_size: int | None,
-        key: bytes | str | None,
+        key: bytes | str | StoreKey | None,
     ) -> None:
         self.tenant_key = check_name("tenant", tenant)
         check_int("keep", keep, 1)

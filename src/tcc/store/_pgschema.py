@@ -1,0 +1,229 @@
+"""The PostgreSQL store's schema, its version and its migrations.
+
+Everything lives in the PostgreSQL schema ``tcc``.  ``tcc.meta`` holds the
+schema version and the key check; :data:`MIGRATIONS` lists, in order, the SQL
+that takes a database from version ``n - 1`` to ``n``.  Migrations run in one
+transaction under an advisory lock (:data:`MIGRATE_LOCK`), so many workers
+starting together migrate once; a database whose version is newer than
+:data:`SCHEMA_VERSION` is refused ("upgrade tcc").
+
+What the database itself enforces, whatever the client does:
+
+* ``journal_answered_once``: an intent has at most one completion (a unique
+  index on the completion's ``intent_seq``);
+* ``signals`` primary key: a signal name is delivered to a run once, ever;
+* ``signal_consumptions`` primary key: a signal is consumed once, ever;
+* the epoch fence: every owner's write starts with ``UPDATE tcc.runs ... WHERE
+  epoch = $epoch AND status NOT IN ('completed', 'cancelled')``, which takes
+  the run row's lock, so a concurrent claim (``epoch = epoch + 1``) waits for
+  it or fences it; a fenced function raises before it writes anything;
+* leases are ``timestamptz`` computed with the server's ``now()``.
+
+The sealed ``record`` column of each row is what readers trust (its MAC is
+keyed by a secret the database does not hold); the other columns exist so
+that the database can look rows up, order them and enforce the rules above.
+
+Errors the functions raise carry SQLSTATEs of class ``TC``, mapped back to
+tcc's exceptions by ``_postgres``:
+
+=======  ===================================================================
+TC001    fenced: no run row with this epoch and a status that is not final
+TC002    moved: the caller's expected journal or snapshot number is stale
+TC004    the completion names no intent of this run
+TC005    the signal to consume is not pending
+TC006    the snapshot the caller's chunk list relies on is gone
+=======  ===================================================================
+"""
+
+from __future__ import annotations
+
+__all__ = ["CHUNK_LOCK", "MIGRATE_LOCK", "MIGRATIONS", "SCHEMA", "SCHEMA_VERSION"]
+
+SCHEMA = "tcc"
+#: The advisory lock key (a bigint) migrations hold.
+MIGRATE_LOCK = 0x7463635F6D696772  # "tcc_migr"
+#: The advisory lock key checkpoints hold shared and gc exclusive: a chunk gc
+#: found unreferenced cannot be adopted by a checkpoint committing meanwhile.
+CHUNK_LOCK = 0x7463635F63686B73  # "tcc_chks"
+
+_V1 = f"""
+CREATE SCHEMA IF NOT EXISTS tcc;
+CREATE TABLE tcc.meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE tcc.runs (
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    status text NOT NULL,
+    epoch bigint NOT NULL,
+    owner_host text NOT NULL,
+    owner_pid integer NOT NULL,
+    lease_expiry timestamptz NOT NULL,
+    created timestamptz NOT NULL DEFAULT now(),
+    updated timestamptz NOT NULL DEFAULT now(),
+    keep integer,
+    journal_len bigint NOT NULL DEFAULT 0,
+    snapshots_made bigint NOT NULL DEFAULT 0,
+    record bytea NOT NULL,
+    PRIMARY KEY (tenant, run_id)
+);
+CREATE INDEX runs_by_status ON tcc.runs (tenant, status);
+CREATE TABLE tcc.journal (
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    seq bigint NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('intent', 'completion')),
+    intent_seq bigint,
+    record bytea NOT NULL,
+    PRIMARY KEY (tenant, run_id, seq),
+    CHECK ((kind = 'completion') = (intent_seq IS NOT NULL))
+);
+CREATE UNIQUE INDEX journal_answered_once ON tcc.journal (tenant, run_id, intent_seq);
+CREATE TABLE tcc.snapshots (
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    number bigint NOT NULL,
+    journal_len bigint NOT NULL,
+    size bigint NOT NULL,
+    created timestamptz NOT NULL DEFAULT now(),
+    record bytea NOT NULL,
+    PRIMARY KEY (tenant, run_id, number)
+);
+CREATE TABLE tcc.chunks (address bytea PRIMARY KEY, data bytea NOT NULL);
+CREATE TABLE tcc.pins (
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    number bigint NOT NULL,
+    holder text NOT NULL,
+    PRIMARY KEY (tenant, run_id, number, holder)
+);
+CREATE TABLE tcc.signals (
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    name text NOT NULL,
+    record bytea NOT NULL,
+    PRIMARY KEY (tenant, run_id, name)
+);
+CREATE TABLE tcc.signal_consumptions (
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    name text NOT NULL,
+    consumed timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, run_id, name)
+);
+CREATE TABLE tcc.events (
+    id bigserial PRIMARY KEY,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    record bytea NOT NULL
+);
+CREATE INDEX events_by_run ON tcc.events (tenant, run_id, id);
+
+-- The fence: lock the run row if this writer's epoch is still the run's.
+-- Raises TC001 (nothing written) otherwise; returns the run row's counters.
+CREATE FUNCTION tcc.fence(p_tenant text, p_run text, p_epoch bigint, p_journal int, p_snapshot int,
+                          OUT journal_len bigint, OUT snapshots_made bigint, OUT keep integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE tcc.runs r
+       SET journal_len = r.journal_len + p_journal, snapshots_made = r.snapshots_made + p_snapshot
+     WHERE r.tenant = p_tenant AND r.run_id = p_run AND r.epoch = p_epoch
+       AND r.status NOT IN ('completed', 'cancelled')
+    RETURNING r.journal_len, r.snapshots_made, r.keep INTO journal_len, snapshots_made, keep;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fenced' USING ERRCODE = 'TC001';
+    END IF;
+END $$;
+
+-- One effect's intent: fenced, at the journal position the caller sealed it for.
+CREATE FUNCTION tcc.append_intent(p_tenant text, p_run text, p_epoch bigint, p_seq bigint,
+                                  p_record bytea) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_len bigint;
+BEGIN
+    SELECT f.journal_len INTO v_len FROM tcc.fence(p_tenant, p_run, p_epoch, 1, 0) f;
+    IF v_len - 1 <> p_seq THEN
+        RAISE EXCEPTION 'journal moved: next record is %', v_len - 1 USING ERRCODE = 'TC002';
+    END IF;
+    INSERT INTO tcc.journal VALUES (p_tenant, p_run, p_seq, 'intent', NULL, p_record);
+    RETURN p_seq;
+END $$;
+
+-- One step, in one call and one transaction: the fence, the completion (if
+-- any), the consumed signal (if any), the snapshot's new chunks and record
+-- (if any), and retention.  p_base: the snapshot whose chunks the caller did
+-- not send again (NULL: it sent every chunk it references).
+CREATE FUNCTION tcc.commit_step(
+    p_tenant text, p_run text, p_epoch bigint,
+    p_seq bigint, p_intent bigint, p_completion bytea,
+    p_signal text,
+    p_number bigint, p_record bytea, p_size bigint, p_base bigint,
+    p_addresses bytea[], p_chunks bytea[], p_keep integer)
+RETURNS TABLE (journal_len bigint, created float8)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_len bigint;
+    v_made bigint;
+    v_keep integer;
+    v_n integer;
+BEGIN
+    IF p_record IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared({CHUNK_LOCK});
+    END IF;
+    SELECT f.journal_len, f.snapshots_made, f.keep INTO v_len, v_made, v_keep
+      FROM tcc.fence(p_tenant, p_run, p_epoch,
+                     CASE WHEN p_completion IS NULL THEN 0 ELSE 1 END,
+                     CASE WHEN p_record IS NULL THEN 0 ELSE 1 END) f;
+    IF p_completion IS NOT NULL THEN
+        IF v_len - 1 <> p_seq THEN
+            RAISE EXCEPTION 'journal moved: next record is %', v_len - 1 USING ERRCODE = 'TC002';
+        END IF;
+        PERFORM 1 FROM tcc.journal j
+          WHERE j.tenant = p_tenant AND j.run_id = p_run AND j.seq = p_intent AND j.kind = 'intent';
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'record % is not an intent', p_intent USING ERRCODE = 'TC004';
+        END IF;
+        -- a second completion of the intent violates journal_answered_once
+        INSERT INTO tcc.journal VALUES (p_tenant, p_run, p_seq, 'completion', p_intent, p_completion);
+    END IF;
+    IF p_signal IS NOT NULL THEN
+        PERFORM 1 FROM tcc.signals s
+          WHERE s.tenant = p_tenant AND s.run_id = p_run AND s.name = p_signal;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'signal % was never delivered', p_signal USING ERRCODE = 'TC005';
+        END IF;
+        INSERT INTO tcc.signal_consumptions (tenant, run_id, name)
+             VALUES (p_tenant, p_run, p_signal) ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        IF v_n = 0 THEN
+            RAISE EXCEPTION 'signal % was consumed already', p_signal USING ERRCODE = 'TC005';
+        END IF;
+    END IF;
+    IF p_record IS NOT NULL THEN
+        IF v_made <> p_number THEN
+            RAISE EXCEPTION 'snapshots moved: next is %', v_made USING ERRCODE = 'TC002';
+        END IF;
+        IF p_base IS NOT NULL THEN
+            PERFORM 1 FROM tcc.snapshots s
+              WHERE s.tenant = p_tenant AND s.run_id = p_run AND s.number = p_base;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'snapshot % is gone', p_base USING ERRCODE = 'TC006';
+            END IF;
+        END IF;
+        IF cardinality(p_addresses) > 0 THEN
+            INSERT INTO tcc.chunks SELECT * FROM unnest(p_addresses, p_chunks) ON CONFLICT DO NOTHING;
+        END IF;
+        INSERT INTO tcc.snapshots (tenant, run_id, number, journal_len, size, record)
+             VALUES (p_tenant, p_run, p_number, v_len, p_size, p_record);
+        DELETE FROM tcc.snapshots s
+         WHERE s.tenant = p_tenant AND s.run_id = p_run
+           AND s.number <= p_number - coalesce(v_keep, p_keep)
+           AND NOT EXISTS (SELECT 1 FROM tcc.pins p WHERE p.tenant = s.tenant
+                           AND p.run_id = s.run_id AND p.number = s.number);
+    END IF;
+    RETURN QUERY SELECT v_len, extract(epoch FROM now())::float8;
+END $$;
+"""
+
+#: MIGRATIONS[n - 1] takes a database from schema version n - 1 to n.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
