@@ -25,7 +25,7 @@ owner) and :func:`check_name` (what a run id, tenant or signal name may be).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any as _Any
 
 from ._api import DURABILITIES as DURABILITIES
 from ._api import FINAL_STATUSES as FINAL_STATUSES
@@ -47,7 +47,7 @@ from ._api import Store as Store
 from ._api import StoreDamageWarning as StoreDamageWarning
 from ._codec import check_name as check_name
 from ._lmdb import LmdbStore as LmdbStore
-from ._postgres import is_postgres_url
+from ._postgres import is_postgres_url as is_postgres_url
 
 __all__ = [
     "DURABILITIES",
@@ -73,6 +73,7 @@ __all__ = [
     "default_keep",
     "default_path",
     "init_store",
+    "is_postgres_url",
     "open_store",
 ]
 
@@ -170,7 +171,7 @@ def open_store(
                      map_size=map_size, max_map_size=max_map_size, key=store_key)
 
 
-def _key_from_file(path: str | os.PathLike[str]) -> Any:
+def _key_from_file(path: str | os.PathLike[str]) -> _Any:
     from ._crypt import StoreKey, _read_key_file
 
     where = os.fspath(path)

@@ -63,7 +63,7 @@ from ..errors import (
     StoreNotFoundError,
     UsageError,
 )
-from ._api import FINAL_STATUSES, HOST, RUN_STATUSES, Completion, Event, GcStats, JournalRecord
+from ._api import DURABILITIES, FINAL_STATUSES, HOST, RUN_STATUSES, Completion, Event, GcStats, JournalRecord
 from ._api import RunInfo, SnapshotInfo, StoreDamageWarning
 from ._chunks import (
     INLINE_MAX,
@@ -172,8 +172,8 @@ class PgStore:
             raise UsageError(f"not a PostgreSQL URL: {url!r} (postgresql://USER@HOST:PORT/DB)")
         self.tenant_key = check_name("tenant", tenant)
         check_int("keep", keep, 1)
-        if durability not in ("sync", "group", "none"):
-            raise UsageError(f"durability must be sync, group or none, not {durability!r}")
+        if durability not in DURABILITIES:
+            raise UsageError(f"durability must be one of {', '.join(DURABILITIES)}, not {durability!r}")
         if key is None:
             raise UsageError(
                 f"the PostgreSQL store {redact(url)} needs its key: give --key-file PATH or "
