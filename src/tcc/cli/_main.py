@@ -438,7 +438,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"interpreter tag: {capture.interpreter_tag().decode()}")
     native = "available" if capture.native_available() else "NOT available (replay only)"
     print(f"native frame module: {native}")
-    print(f"default store: {_render.clean(os.environ.get('TCC_STORE') or os.path.abspath('.tcc'))}")
+    from ..store import default_path, redact_url
+
+    print(f"default store: {_render.clean(redact_url(default_path()))}")
     return 0
 
 

@@ -48,6 +48,7 @@ from ._api import StoreDamageWarning as StoreDamageWarning
 from ._codec import check_name as check_name
 from ._lmdb import LmdbStore as LmdbStore
 from ._postgres import is_postgres_url as is_postgres_url
+from ._postgres import redact as redact_url
 
 __all__ = [
     "DURABILITIES",
@@ -75,6 +76,7 @@ __all__ = [
     "init_store",
     "is_postgres_url",
     "open_store",
+    "redact_url",
 ]
 
 
@@ -112,6 +114,7 @@ def open_store(
     max_map_size: int | None = None,
     key: bytes | str | None = None,
     key_file: str | os.PathLike[str] | None = None,
+    sync_intents: bool = False,
 ) -> Store:
     """Open (by default creating) the store at ``path`` for one tenant.
 
@@ -121,7 +124,9 @@ def open_store(
     "PostgreSQL store").  A PostgreSQL store needs its key: ``key``,
     ``key_file`` (a file of 64 hex digits, mode 0600), ``$TCC_STORE_KEY_FILE``
     or ``$TCC_STORE_KEY``; :func:`init_store` creates the schema and the key
-    file.  ``map_size`` and ``max_map_size`` apply to LMDB only.
+    file.  ``map_size`` and ``max_map_size`` apply to LMDB only; ``sync_intents``
+    (PostgreSQL only) waits for each intent's own WAL flush instead of letting the
+    step's commit flush it (README, "The PostgreSQL store").
 
     ``durability`` (one of :data:`DURABILITIES`) is ``"sync"`` (fsync every commit), ``"group"``
     (concurrent commits share one fsync; same guarantee as sync) or
@@ -165,7 +170,7 @@ def open_store(
         from ._postgres import PgStore
 
         return PgStore(raw, tenant=tenant, durability=durability, create=create, keep=keep,
-                       key=store_key)
+                       key=store_key, sync_intents=sync_intents)
     where = raw and os.path.abspath(raw) or default_path()
     return LmdbStore(where, tenant=tenant, durability=durability, create=create, keep=keep,
                      map_size=map_size, max_map_size=max_map_size, key=store_key)

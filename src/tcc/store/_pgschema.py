@@ -76,7 +76,8 @@ CREATE TABLE tcc.journal (
     PRIMARY KEY (tenant, run_id, seq),
     CHECK ((kind = 'completion') = (intent_seq IS NOT NULL))
 );
-CREATE UNIQUE INDEX journal_answered_once ON tcc.journal (tenant, run_id, intent_seq);
+CREATE UNIQUE INDEX journal_answered_once ON tcc.journal (tenant, run_id, intent_seq)
+    WHERE intent_seq IS NOT NULL;
 CREATE TABLE tcc.snapshots (
     tenant text NOT NULL,
     run_id text NOT NULL,
@@ -117,30 +118,31 @@ CREATE TABLE tcc.events (
 );
 CREATE INDEX events_by_run ON tcc.events (tenant, run_id, id);
 
--- The fence: lock the run row if this writer's epoch is still the run's.
--- Raises TC001 (nothing written) otherwise; returns the run row's counters.
-CREATE FUNCTION tcc.fence(p_tenant text, p_run text, p_epoch bigint, p_journal int, p_snapshot int,
-                          OUT journal_len bigint, OUT snapshots_made bigint, OUT keep integer)
-LANGUAGE plpgsql AS $$
-BEGIN
-    UPDATE tcc.runs r
-       SET journal_len = r.journal_len + p_journal, snapshots_made = r.snapshots_made + p_snapshot
-     WHERE r.tenant = p_tenant AND r.run_id = p_run AND r.epoch = p_epoch
-       AND r.status NOT IN ('completed', 'cancelled')
-    RETURNING r.journal_len, r.snapshots_made, r.keep INTO journal_len, snapshots_made, keep;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'fenced' USING ERRCODE = 'TC001';
-    END IF;
-END $$;
+-- Every function below starts with the fence: the conditional UPDATE of the run
+-- row locks it (a concurrent claim waits for the commit) and moves its counters;
+-- no row means a stale epoch or a final status (TC001), and nothing is written.
 
--- One effect's intent: fenced, at the journal position the caller sealed it for.
+-- One effect's intent, at the journal position the caller sealed it for.  Its
+-- commit is not waited for (synchronous_commit off for this transaction only):
+-- it is visible at once and survives the client's crash; the WAL flush of the
+-- step's own commit, which follows it in the log, makes it durable against a
+-- crash of the server (or the WAL writer does, within wal_writer_delay).
 CREATE FUNCTION tcc.append_intent(p_tenant text, p_run text, p_epoch bigint, p_seq bigint,
-                                  p_record bytea) RETURNS bigint
+                                  p_record bytea, p_sync boolean) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_len bigint;
 BEGIN
-    SELECT f.journal_len INTO v_len FROM tcc.fence(p_tenant, p_run, p_epoch, 1, 0) f;
+    IF NOT p_sync THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    UPDATE tcc.runs r SET journal_len = r.journal_len + 1
+     WHERE r.tenant = p_tenant AND r.run_id = p_run AND r.epoch = p_epoch
+       AND r.status NOT IN ('completed', 'cancelled')
+    RETURNING r.journal_len INTO v_len;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fenced' USING ERRCODE = 'TC001';
+    END IF;
     IF v_len - 1 <> p_seq THEN
         RAISE EXCEPTION 'journal moved: next record is %', v_len - 1 USING ERRCODE = 'TC002';
     END IF;
@@ -150,52 +152,56 @@ END $$;
 
 -- One step, in one call and one transaction: the fence, the completion (if
 -- any), the consumed signal (if any), the snapshot's new chunks and record
--- (if any), and retention.  p_base: the snapshot whose chunks the caller did
--- not send again (NULL: it sent every chunk it references).
+-- (if any), and retention of the snapshot that falls out of the newest p_keep.
+-- p_base: the snapshot whose chunks the caller did not send again (NULL: it
+-- sent every chunk it references).
 CREATE FUNCTION tcc.commit_step(
     p_tenant text, p_run text, p_epoch bigint,
     p_seq bigint, p_intent bigint, p_completion bytea,
     p_signal text,
     p_number bigint, p_record bytea, p_size bigint, p_base bigint,
-    p_addresses bytea[], p_chunks bytea[], p_keep integer)
-RETURNS TABLE (journal_len bigint, created float8)
+    p_addresses bytea[], p_chunks bytea[], p_keep integer,
+    OUT journal_len bigint, OUT created float8)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_len bigint;
     v_made bigint;
     v_keep integer;
-    v_n integer;
 BEGIN
     IF p_record IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock_shared({CHUNK_LOCK});
     END IF;
-    SELECT f.journal_len, f.snapshots_made, f.keep INTO v_len, v_made, v_keep
-      FROM tcc.fence(p_tenant, p_run, p_epoch,
-                     CASE WHEN p_completion IS NULL THEN 0 ELSE 1 END,
-                     CASE WHEN p_record IS NULL THEN 0 ELSE 1 END) f;
+    UPDATE tcc.runs r
+       SET journal_len = r.journal_len + CASE WHEN p_completion IS NULL THEN 0 ELSE 1 END,
+           snapshots_made = r.snapshots_made + CASE WHEN p_record IS NULL THEN 0 ELSE 1 END
+     WHERE r.tenant = p_tenant AND r.run_id = p_run AND r.epoch = p_epoch
+       AND r.status NOT IN ('completed', 'cancelled')
+    RETURNING r.journal_len, r.snapshots_made, r.keep INTO journal_len, v_made, v_keep;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fenced' USING ERRCODE = 'TC001';
+    END IF;
     IF p_completion IS NOT NULL THEN
-        IF v_len - 1 <> p_seq THEN
-            RAISE EXCEPTION 'journal moved: next record is %', v_len - 1 USING ERRCODE = 'TC002';
+        IF journal_len - 1 <> p_seq THEN
+            RAISE EXCEPTION 'journal moved: next record is %', journal_len - 1 USING ERRCODE = 'TC002';
         END IF;
-        PERFORM 1 FROM tcc.journal j
-          WHERE j.tenant = p_tenant AND j.run_id = p_run AND j.seq = p_intent AND j.kind = 'intent';
+        -- a second completion of the intent violates journal_answered_once
+        INSERT INTO tcc.journal
+             SELECT p_tenant, p_run, p_seq, 'completion', p_intent, p_completion
+              WHERE EXISTS (SELECT 1 FROM tcc.journal j WHERE j.tenant = p_tenant
+                            AND j.run_id = p_run AND j.seq = p_intent AND j.kind = 'intent');
         IF NOT FOUND THEN
             RAISE EXCEPTION 'record % is not an intent', p_intent USING ERRCODE = 'TC004';
         END IF;
-        -- a second completion of the intent violates journal_answered_once
-        INSERT INTO tcc.journal VALUES (p_tenant, p_run, p_seq, 'completion', p_intent, p_completion);
     END IF;
     IF p_signal IS NOT NULL THEN
-        PERFORM 1 FROM tcc.signals s
-          WHERE s.tenant = p_tenant AND s.run_id = p_run AND s.name = p_signal;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'signal % was never delivered', p_signal USING ERRCODE = 'TC005';
-        END IF;
+        -- the primary key of signal_consumptions makes a second consumption fail
         INSERT INTO tcc.signal_consumptions (tenant, run_id, name)
-             VALUES (p_tenant, p_run, p_signal) ON CONFLICT DO NOTHING;
-        GET DIAGNOSTICS v_n = ROW_COUNT;
-        IF v_n = 0 THEN
-            RAISE EXCEPTION 'signal % was consumed already', p_signal USING ERRCODE = 'TC005';
+             SELECT p_tenant, p_run, p_signal
+              WHERE EXISTS (SELECT 1 FROM tcc.signals s WHERE s.tenant = p_tenant
+                            AND s.run_id = p_run AND s.name = p_signal)
+             ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'signal % is not pending (never delivered, or consumed already)',
+                p_signal USING ERRCODE = 'TC005';
         END IF;
     END IF;
     IF p_record IS NOT NULL THEN
@@ -213,14 +219,15 @@ BEGIN
             INSERT INTO tcc.chunks SELECT * FROM unnest(p_addresses, p_chunks) ON CONFLICT DO NOTHING;
         END IF;
         INSERT INTO tcc.snapshots (tenant, run_id, number, journal_len, size, record)
-             VALUES (p_tenant, p_run, p_number, v_len, p_size, p_record);
+             VALUES (p_tenant, p_run, p_number, journal_len, p_size, p_record);
+        -- the rest of retention (a smaller keep, pins released since) is gc's
         DELETE FROM tcc.snapshots s
          WHERE s.tenant = p_tenant AND s.run_id = p_run
-           AND s.number <= p_number - coalesce(v_keep, p_keep)
+           AND s.number = p_number - coalesce(v_keep, p_keep)
            AND NOT EXISTS (SELECT 1 FROM tcc.pins p WHERE p.tenant = s.tenant
                            AND p.run_id = s.run_id AND p.number = s.number);
     END IF;
-    RETURN QUERY SELECT v_len, extract(epoch FROM now())::float8;
+    created := extract(epoch FROM now());
 END $$;
 """
 

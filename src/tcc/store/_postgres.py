@@ -116,7 +116,23 @@ def _psycopg() -> Any:
         import psycopg_pool  # noqa: F401  (checked here: the pool is needed too)
     except ImportError:
         raise StoreError(_INSTALL) from None
+    _quiet_pool_log()
     return psycopg
+
+
+_pool_log_quieted = False
+
+
+def _quiet_pool_log() -> None:
+    """Keep the pool's warnings ("discarding closed connection", "error connecting") off
+    stderr unless the application configures logging: a lost connection is reported once,
+    as a StoreConnectionError (``logging.lastResort`` would print them as extra lines)."""
+    global _pool_log_quieted
+    if not _pool_log_quieted:
+        import logging
+
+        logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+        _pool_log_quieted = True
 
 
 def sealer_for(key: StoreKey) -> Sealer:
@@ -167,6 +183,7 @@ class PgStore:
         keep: int = 3,
         key: StoreKey | None = None,
         pool_size: int = 4,
+        sync_intents: bool = False,
     ) -> None:
         if not is_postgres_url(url):
             raise UsageError(f"not a PostgreSQL URL: {url!r} (postgresql://USER@HOST:PORT/DB)")
@@ -180,6 +197,9 @@ class PgStore:
                 "$TCC_STORE_KEY_FILE (`tcc init --store URL --key-file PATH` creates the file)")
         self.url = url
         self.keep = keep
+        # an intent's commit is flushed by the step's commit that follows it (see
+        # _pgschema.append_intent); True waits for its own flush (a second per step)
+        self._sync_intents = bool(sync_intents)
         self._durability = durability
         self._key = key
         self.sealer = sealer_for(key)
@@ -748,8 +768,8 @@ class PgStore:
             seq = memo.jlen
             assert seq is not None
             rec = self.sealer.seal(b"journal", seq_key(self.tenant_key, rid, seq), hdr, {"x": body})
-            conn.execute("SELECT tcc.append_intent(%s, %s, %s, %s, %s)",
-                         (self.tenant, rid.decode(), epoch, seq, rec))
+            conn.execute("SELECT tcc.append_intent(%s, %s, %s, %s, %s, %s)",
+                         (self.tenant, rid.decode(), epoch, seq, rec, self._sync_intents))
             memo.jlen = seq + 1
             return seq
 
