@@ -1,0 +1,64 @@
+"""Child process for tcc on its PostgreSQL store: the crash run of ``benchmarks/agent.py``.
+
+Usage: python pg_child_tcc.py '<json args>' with keys n, regime, work_iters (agent.py's
+arguments), url (postgresql:// URL of an initialised store), key_file, out (result JSON).
+
+Opens the store, starts run ``bench`` of ``benchmarks/agent.py`` with the continuation
+strategy (what ``tcc run --run-id bench AGENT N REGIME ITERS`` does, through the same
+``tcc.runtime.start``) and, at the START of step n-1's effect body (its intent is journaled,
+its completion is not, as with ``BENCH_KILL_AT``), writes {"t_begin", "t_kill"} and SIGKILLs
+itself.  (t_kill - t_begin) / (n - 1) is the per-step cost, measured exactly as the peers'
+children measure theirs: from just after the store is open to the start of step n-1.
+"""
+
+import time
+
+T_PROC = time.time()  # first statement: interpreter start-up is before, imports after
+
+import inspect  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import pathlib  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+from tcc import runtime  # noqa: E402
+from tcc.store import open_store  # noqa: E402
+
+T_IMPORTED = time.time()
+
+AGENT = str(pathlib.Path(__file__).resolve().parent.parent / "agent.py")
+ARGS = json.loads(sys.argv[1])
+N: int = ARGS["n"]
+_marks: dict[str, float] = {"t_proc": T_PROC, "t_imported": T_IMPORTED}
+
+
+def _write_out(extra: dict) -> None:
+    tmp = ARGS["out"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({**_marks, **extra}, f)
+    os.replace(tmp, ARGS["out"])
+
+
+def _hook(i: int) -> None:
+    if i == N - 1:
+        _write_out({"t_kill": time.time()})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    os.environ["TCC_STORE"] = ARGS["url"]
+    os.environ["TCC_STORE_KEY_FILE"] = ARGS["key_file"]
+    kwargs = {"key_file": ARGS["key_file"]} if "key_file" in inspect.signature(open_store).parameters else {}
+    agent = runtime.load_script(AGENT)
+    agent.Harness.in_process_hook[:] = [_hook]
+    _marks["t0"] = time.time()
+    with open_store(ARGS["url"], **kwargs) as store:
+        _marks["t_begin"] = time.time()
+        outcome = runtime.start(store, AGENT, [str(N), ARGS["regime"], str(ARGS["work_iters"])],
+                                run_id="bench", strategy="continuation")
+    raise SystemExit(f"crash run finished without the kill: {outcome}")
+
+
+if __name__ == "__main__":
+    main()

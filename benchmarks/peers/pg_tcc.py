@@ -1,0 +1,186 @@
+"""tcc on its PostgreSQL store: one crash + recovery round at a time, for interleaving.
+
+The same measurements ``benchmarks.recovery`` takes on LMDB, on a store that is only a URL
+and a key file (``tcc init --store URL --key-file PATH``; every later command and
+``open_store`` get both, here through ``$TCC_STORE`` / ``$TCC_STORE_KEY_FILE`` for the CLI):
+
+1. **crash** (``pg_child_tcc.py``): run ``bench`` of ``benchmarks/agent.py``, continuation
+   strategy, SIGKILLed at the start of step n-1; per-step overhead = (t_kill - t_begin) /
+   (n - 1) - the bare loop's step, as the peers' children measure it;
+2. **in-process recovery**, in this process as ``recovery.in_process`` does it: open the
+   store -> ``runtime.resume`` -> the first new effect, on a copy of the crashed database
+   (``CREATE DATABASE ... TEMPLATE``: recovery writes to the store);
+3. **whole-process recovery** as ``recovery.whole_process``: ``tcc resume bench`` spawned ->
+   the first new effect (``BENCH_FIRST``), on the crashed database itself;
+4. after the last round, ``tcc resume --json bench`` on a third copy runs to the end: the
+   final result and the storage after n steps.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks.recovery import AGENT, env_for, tcc_cmd
+
+from . import _harness
+from .pg_server import Server
+
+CHILD = pathlib.Path(__file__).resolve().with_name("pg_child_tcc.py")
+NOTES = (
+    "tcc {version} on its PostgreSQL store (the benchmark's server), benchmarks/agent.py,"
+    " continuation strategy (a snapshot after every effect), durability sync. Crash run:"
+    " pg_child_tcc.py (tcc.runtime.start, what `tcc run` calls). In-process recovery is"
+    " measured in the harness process as benchmarks.recovery does (store open -> first new"
+    " effect, tcc and psycopg already imported), on a CREATE DATABASE ... TEMPLATE copy of the"
+    " crashed store; whole process = `tcc resume bench` spawned -> first new effect."
+)
+
+
+def available() -> tuple[bool, str]:
+    """Whether this tcc has a PostgreSQL store: ``tcc init`` exists and takes ``--key-file``."""
+    proc = subprocess.run(tcc_cmd("init", "--help"), capture_output=True, text=True,
+                          env=env_for(pathlib.Path(".")))
+    if proc.returncode != 0:
+        return False, "`tcc init` does not exist in this tcc"
+    if "--key-file" not in proc.stdout:
+        return False, "`tcc init` takes no --key-file"
+    return True, ""
+
+
+def version() -> str:
+    from tcc import _version
+
+    return str(getattr(_version, "__version__", getattr(_version, "version", "?")))
+
+
+def _store_kwargs(key_file: str) -> dict[str, Any]:
+    from tcc.store import open_store
+
+    params = inspect.signature(open_store).parameters
+    kwargs: dict[str, Any] = {"create": False} if "create" in params else {}
+    if "key_file" in params:
+        kwargs["key_file"] = key_file
+    return kwargs
+
+
+def in_process(url: str, key_file: str) -> float:
+    """Open the store -> ``runtime.resume`` -> first new effect (``recovery.in_process``)."""
+    import os
+
+    from tcc import runtime
+    from tcc.store import open_store
+
+    kwargs = _store_kwargs(key_file)
+    saved = {k: os.environ.get(k) for k in ("TCC_STORE", "TCC_STORE_KEY_FILE")}
+    os.environ["TCC_STORE"], os.environ["TCC_STORE_KEY_FILE"] = url, key_file
+    agent = runtime.load_script(AGENT)
+    seen: list[float] = []
+
+    def hook(_i: int) -> None:
+        seen.append(time.perf_counter())
+        raise agent.FirstEffect
+
+    agent.Harness.in_process_hook[:] = [hook]
+    try:
+        t0 = time.perf_counter()
+        with open_store(url, **kwargs) as st:
+            try:
+                runtime.resume(st, "bench")
+            except agent.FirstEffect:
+                pass
+    finally:
+        agent.Harness.in_process_hook.clear()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if not seen:
+        raise RuntimeError("in-process recovery never reached a new effect")
+    return seen[0] - t0
+
+
+def whole_process(url: str, key_file: str, scratch: pathlib.Path) -> float:
+    """``tcc resume bench`` spawned -> first new effect (``recovery.whole_process``)."""
+    marker = scratch / "first.txt"
+    marker.unlink(missing_ok=True)
+    env = env_for(url, TCC_STORE_KEY_FILE=key_file, BENCH_FIRST=str(marker))
+    t0 = time.time()
+    proc = subprocess.run(tcc_cmd("resume", "bench"), env=env, capture_output=True, text=True, timeout=3600)
+    if not marker.exists():
+        raise RuntimeError(f"`tcc resume` never reached a new effect (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    return float(marker.read_text()) - t0
+
+
+class TccCase:
+    """tcc at one (n, regime, iters): rounds, then :meth:`finish`."""
+
+    def __init__(self, srv: Server, *, n: int, label: str, iters: int, bare_s: float,
+                 workdir: pathlib.Path) -> None:
+        if n < 2:
+            raise ValueError("n must be at least 2 (the crash is at the start of step n-1)")
+        self.srv, self.n, self.label, self.iters, self.bare_s = srv, n, label, iters, bare_s
+        self.workdir = workdir
+        self.samples: dict[str, list[Any]] = {"per_step_s": [], "in_process_s": [], "whole_process_s": [],
+                                              "storage_at_crash": []}
+        self.breakdown: dict[str, list[float]] = {"init_s": [], "crash_run_s": []}
+        self.last: tuple[str, str] | None = None  # (database to finish, key file)
+
+    def _init(self, db: str) -> tuple[str, str]:
+        url = self.srv.create(db)
+        key = self.workdir / f"{db}.key"
+        key.unlink(missing_ok=True)
+        t = time.perf_counter()
+        proc = subprocess.run(tcc_cmd("init", "--store", url, "--key-file", str(key)),
+                              env=env_for(url), capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"`tcc init --store {url}` failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        self.breakdown["init_s"].append(time.perf_counter() - t)
+        return url, str(key)
+
+    def round(self, r: int) -> None:
+        db = f"tcc_{self.label}_{self.n}_r{r}"
+        url, key = self._init(db)
+        args = {"mode": "crash", "n": self.n, "regime": "const", "work_iters": self.iters, "url": url,
+                "key_file": key, "out": str(self.workdir / f"{db}-crash.json")}
+        t = time.perf_counter()
+        _, crashed = _harness._run_child(CHILD, args, expect_kill=True)
+        self.breakdown["crash_run_s"].append(time.perf_counter() - t)
+        self.samples["per_step_s"].append((crashed["t_kill"] - crashed["t_begin"]) / (self.n - 1) - self.bare_s)
+        self.samples["storage_at_crash"].append(self.srv.bytes_of(db))
+        fin_url = self.srv.create(f"{db}_fin", template=db)  # untouched, for finish()
+        del fin_url
+        ip_url = self.srv.create(f"{db}_ip", template=db)
+        self.srv.checkpoint()
+        self.samples["in_process_s"].append(in_process(ip_url, key))
+        self.srv.drop(f"{db}_ip")
+        self.srv.checkpoint()
+        self.samples["whole_process_s"].append(whole_process(url, key, self.workdir))
+        self.srv.drop(db)
+        if self.last is not None:
+            self.srv.drop(self.last[0])
+        self.last = (f"{db}_fin", key)
+
+    def finish(self) -> dict[str, Any]:
+        assert self.last is not None, "no round ran"
+        db, key = self.last
+        url = self.srv.url(db)
+        proc = subprocess.run(tcc_cmd("resume", "--json", "bench"), env=env_for(url, TCC_STORE_KEY_FILE=key),
+                              capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"`tcc resume --json bench` did not complete ({proc.returncode}): {proc.stderr[-3000:]}")
+        result = json.loads(proc.stdout)["result"]
+        storage = self.srv.bytes_of(db)
+        self.srv.drop(db)
+        return {
+            "system": "tcc", "version": version(), "n": self.n, "regime": self.label, "work_iters": self.iters,
+            "bare_step_s": self.bare_s, **self.samples, "breakdown_s": self.breakdown,
+            "storage_after_n": storage, "final_result": result, "python": sys.version.split()[0],
+            "notes": NOTES.format(version=version()),
+        }
