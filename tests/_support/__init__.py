@@ -6,6 +6,8 @@
   (a child process imports them as ``tests._support.programs`` too).
 * ``childrun`` -- run code in fresh child interpreters that can import this package.
 * ``stores`` -- deterministic payloads and a fresh-interpreter runner for the store tests.
+* ``backends`` -- where a store of each backend (LMDB, PostgreSQL) lives, for tests that
+  run on both (``Site``).
 * ``reliability`` -- ledgers, clear-error checks and raw LMDB access for the reliability suite.
 * ``fixtures`` -- a private copy of a checked-in fixture store (tests/fixtures).
 * ``users`` -- two real users (root and ``nobody``) for the store-trust tests.

@@ -75,8 +75,9 @@ def assert_clear_error(proc: subprocess.CompletedProcess[str], *needles: str,
 
 @contextlib.contextmanager
 def store_of(cli: Cli, tenant: str = "default") -> Iterator[Any]:
-    """The CLI's store opened in this process (for reading journals, signals, snapshots)."""
-    with open_store(cli.store, tenant=tenant, create=False) as store:
+    """The CLI's store opened in this process (for reading journals, signals, snapshots),
+    with the CLI's key file if it has one (a PostgreSQL store)."""
+    with open_store(cli.store, tenant=tenant, create=False, key_file=cli.key_file) as store:
         yield store
 
 

@@ -2,6 +2,9 @@
 
 Every clause drives the real CLI (`python -m tcc ...`) in subprocesses against a
 private store; the store is only read in-process (journal, signals, snapshots).
+Each clause runs on both backends (issue 19): ``test_clause[C1-lmdb]`` on an LMDB
+store, ``test_clause[C1-postgres]`` on a PostgreSQL store (a fresh database, its
+key file given to every command as ``TCC_STORE_KEY_FILE``).
 docs/conformance.md lists the same clauses and the
 test that enforces each; `test_conformance_doc_lists_every_clause` keeps the two
 in step.
@@ -16,7 +19,7 @@ import pathlib
 import re
 import signal
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import pytest
 from tests._support.reliability import (
@@ -29,10 +32,18 @@ from tests._support.reliability import (
     outcome,
     store_of,
 )
+from tests._support.backends import BACKENDS
+from tests._support.pgstores import make_pg_store
 from tests._support.runs import Cli
 
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
+
+
+class NewCli(Protocol):
+    """``new_cli(**env)``: a Cli on the clause's store (its backend), with extra environment."""
+
+    def __call__(self, **env: str) -> Cli: ...
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
@@ -95,15 +106,15 @@ def parent_view(cli: Cli, run_id: str) -> dict:
 # ---------------------------------------------------------------------- C1
 
 
-def c1_resume_from_newest_checkpoint(tmp: pathlib.Path) -> None:
+def c1_resume_from_newest_checkpoint(tmp: pathlib.Path, new_cli: NewCli) -> None:
     """SIGKILLed runs resume from their newest snapshot: effects it covers never run again."""
     book = tmp / "ledger.txt"
     base = {"LEDGER": str(book), "STEPS": "8"}
-    cli = Cli(tmp, **base)
+    cli = new_cli(**base)
     expected = {"steps": 8, "total": sum(range(8)), "salts": 8}
 
     # (a) a deterministic kill -9 inside step 5 (before its ledger line is written)
-    died = Cli(tmp, **base, DIE_AT="5").run("run", "--run-id", "c1", LEDGER_AGENT)
+    died = new_cli(**base, DIE_AT="5").run("run", "--run-id", "c1", LEDGER_AGENT)
     assert died.returncode == -9, (died.returncode, died.stderr)
     assert cli.show("c1")["status"] == "running"  # the dead owner left it running
     newest = newest_snapshot(cli, "c1")
@@ -119,7 +130,7 @@ def c1_resume_from_newest_checkpoint(tmp: pathlib.Path) -> None:
 
     # (b) a kill -9 from outside at an arbitrary moment of a slower run
     book2 = tmp / "ledger2.txt"
-    slow = Cli(tmp, LEDGER=str(book2), STEPS="12", DELAY="0.08")
+    slow = new_cli(LEDGER=str(book2), STEPS="12", DELAY="0.08")
     proc = slow.popen("run", "--run-id", "c1b", LEDGER_AGENT)
     try:
         wait_until(lambda: len(ledger(book2)) >= 3 or proc.poll() is not None, what="three effects")
@@ -148,10 +159,10 @@ def c1_resume_from_newest_checkpoint(tmp: pathlib.Path) -> None:
 # ---------------------------------------------------------------------- C2
 
 
-def c2_interrupt_value_consumed_once_by_matching_wait(tmp: pathlib.Path) -> None:
+def c2_interrupt_value_consumed_once_by_matching_wait(tmp: pathlib.Path, new_cli: NewCli) -> None:
     """Signals sent in the opposite order reach the waits they name, each exactly once."""
     book = tmp / "ledger.txt"
-    cli = Cli(tmp, LEDGER=str(book))
+    cli = new_cli(LEDGER=str(book))
     assert outcome(cli.run("run", "--json", "--run-id", "c2", f"{WAIT}:two_signals"))["status"] == "waiting"
 
     def states() -> dict[str, str | None]:
@@ -211,13 +222,13 @@ async def main():
 '''
 
 
-def c3_writes_before_interrupt_are_durable(tmp: pathlib.Path) -> None:
+def c3_writes_before_interrupt_are_durable(tmp: pathlib.Path, new_cli: NewCli) -> None:
     """Effects before a tcc.approval are journaled and in the ledger once the process is gone, and never repeat."""
     script = tmp / "writer_agent.py"
     script.write_text(WRITER_AGENT)
     for run_id, how in (("c3park", "park"), ("c3kill", "kill")):
         book = tmp / f"{run_id}.txt"
-        cli = Cli(tmp, LEDGER=str(book))
+        cli = new_cli(LEDGER=str(book))
         if how == "park":  # the run parks at the approval and its process exits
             parked = outcome(cli.run("run", "--json", "--run-id", run_id, str(script)))
             assert parked["status"] == "waiting"
@@ -256,11 +267,11 @@ async def main():
 '''
 
 
-def c4_resume_value_crosses_processes(tmp: pathlib.Path) -> None:
+def c4_resume_value_crosses_processes(tmp: pathlib.Path, new_cli: NewCli) -> None:
     """A signal delivered by one process is seen by a resumer in another: a later one, a live poller, a worker's child."""
     script = tmp / "note_agent.py"
     script.write_text(NOTE_AGENT)
-    cli = Cli(tmp)
+    cli = new_cli()
     for run_id in ("c4later", "c4live", "c4worker"):
         assert outcome(cli.run("run", "--json", "--run-id", run_id, str(script)))["status"] == "waiting"
 
@@ -300,10 +311,10 @@ def c4_resume_value_crosses_processes(tmp: pathlib.Path) -> None:
 # ---------------------------------------------------------------------- C5
 
 
-def c5_fork_never_affects_parent(tmp: pathlib.Path) -> None:
+def c5_fork_never_affects_parent(tmp: pathlib.Path, new_cli: NewCli) -> None:
     """A fork (with --set) resumed to completion leaves the parent's status, result, journal, snapshots and signals alone."""
     book = tmp / "ledger.txt"
-    cli = Cli(tmp, LEDGER=str(book))
+    cli = new_cli(LEDGER=str(book))
     assert outcome(cli.run("run", "--json", "--run-id", "p", f"{WAIT}:gated"))["status"] == "waiting"
     cli.run("approve", "p", check=True)  # the parent's answer is pending: the fork must not take it
     before = parent_view(cli, "p")
@@ -332,10 +343,10 @@ def c5_fork_never_affects_parent(tmp: pathlib.Path) -> None:
 # ---------------------------------------------------------------------- C6
 
 
-def c6_completed_run_cannot_complete_twice(tmp: pathlib.Path) -> None:
+def c6_completed_run_cannot_complete_twice(tmp: pathlib.Path, new_cli: NewCli) -> None:
     """resume (plain, --steal, --strategy replay), run --run-id and the worker all refuse a completed run."""
     book = tmp / "ledger.txt"
-    cli = Cli(tmp, LEDGER=str(book), STEPS="3")
+    cli = new_cli(LEDGER=str(book), STEPS="3")
     first = outcome(cli.run("run", "--json", "--run-id", "c6", LEDGER_AGENT))
     assert first["status"] == "completed"
     shown = cli.show("c6")
@@ -347,7 +358,7 @@ def c6_completed_run_cannot_complete_twice(tmp: pathlib.Path) -> None:
         assert_clear_error(cli.run(*args), "already completed", codes=(2,))
     assert_clear_error(cli.run("run", "--run-id", "c6", LEDGER_AGENT), "is completed", codes=(2,))
     book2 = tmp / "control.txt"  # a crashed control run shows that the worker is at work
-    died = Cli(tmp, LEDGER=str(book2), STEPS="3", DIE_AT="1").run("run", "--run-id", "c6control", LEDGER_AGENT)
+    died = new_cli(LEDGER=str(book2), STEPS="3", DIE_AT="1").run("run", "--run-id", "c6control", LEDGER_AGENT)
     assert died.returncode == -9
     log = worker_until(cli, status_is(cli, "c6control", "completed"), "the worker to finish c6control")
     assert "resuming c6control" in log and not re.search(r"\bc6\b", log), log
@@ -370,14 +381,14 @@ def cancel(cli: Cli, run_id: str) -> int:
     return int(doc["epoch"])
 
 
-def c7_cancelled_run_stays_cancelled(tmp: pathlib.Path) -> None:
+def c7_cancelled_run_stays_cancelled(tmp: pathlib.Path, new_cli: NewCli) -> None:
     """A cancelled run (a waiting one with its answer pending, a crashed one) is left cancelled by resume, run and the worker."""
     book = tmp / "ledger.txt"
-    cli = Cli(tmp, LEDGER=str(book), STEPS="6")
+    cli = new_cli(LEDGER=str(book), STEPS="6")
     assert outcome(cli.run("run", "--json", "--run-id", "c7wait", f"{WAIT}:gated"))["status"] == "waiting"
     cli.run("approve", "c7wait", check=True)  # due for the worker: its answer is pending
     for run_id in ("c7crash", "c7control"):  # due for the worker: their owner is dead
-        died = Cli(tmp, LEDGER=str(book), STEPS="6", DIE_AT="3").run("run", "--run-id", run_id, LEDGER_AGENT)
+        died = new_cli(LEDGER=str(book), STEPS="6", DIE_AT="3").run("run", "--run-id", run_id, LEDGER_AGENT)
         assert died.returncode == -9
     epochs = {run_id: cancel(cli, run_id) for run_id in ("c7wait", "c7crash")}
     frozen = {run_id: (journal_len(cli, run_id), cli.show(run_id)["snapshots"]) for run_id in epochs}
@@ -407,7 +418,7 @@ def c7_cancelled_run_stays_cancelled(tmp: pathlib.Path) -> None:
 class Clause:
     id: str
     text: str
-    check: Callable[[pathlib.Path], None]
+    check: Callable[[pathlib.Path, NewCli], None]
 
 
 CLAUSES = [
@@ -425,10 +436,22 @@ CLAUSES = [
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("clause", CLAUSES, ids=[c.id for c in CLAUSES])
-def test_clause(clause: Clause, tmp_path: pathlib.Path) -> None:
-    """The clause holds when driven through the real `tcc` CLI in subprocesses."""
-    clause.check(tmp_path)
+def test_clause(clause: Clause, backend: str, tmp_path: pathlib.Path,
+                request: pytest.FixtureRequest) -> None:
+    """The clause holds when driven through the real `tcc` CLI in subprocesses, on an LMDB
+    store and on a PostgreSQL store (made with ``tcc.store.init_store``, as `tcc init` does)."""
+    if backend == "lmdb":
+        def new_cli(**env: str) -> Cli:
+            return Cli(tmp_path, **env)
+    else:
+        pg = make_pg_store(request.getfixturevalue("pg_dsn"), tmp_path / "pg")
+
+        def new_cli(**env: str) -> Cli:
+            return Cli(tmp_path, store_url=pg.url, key_file=pg.key_file, **env)
+    clause.check(tmp_path, new_cli)
+    assert (tmp_path / "store").exists() == (backend == "lmdb")  # no command fell back to LMDB
 
 
 def test_show_json_keeps_event_kinds(tmp_path: pathlib.Path) -> None:
@@ -456,4 +479,6 @@ def test_conformance_doc_lists_every_clause() -> None:
     text = DOC.read_text()
     for clause in CLAUSES:
         assert f"| {clause.id} | {clause.text} |" in text, clause.id
-        assert f"test_clause[{clause.id}]" in text and clause.check.__name__ in text, clause.id
+        for backend in ("lmdb", "postgres"):
+            assert f"test_clause[{clause.id}-{backend}]" in text, (clause.id, backend)
+        assert clause.check.__name__ in text, clause.id

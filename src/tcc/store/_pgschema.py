@@ -152,7 +152,7 @@ END $$;
 
 -- One step, in one call and one transaction: the fence, the completion (if
 -- any), the consumed signal (if any), the snapshot's new chunks and record
--- (if any), and retention of the snapshot that falls out of the newest p_keep.
+-- (if any), and retention (the unpinned snapshots older than the newest p_keep).
 -- p_base: the snapshot whose chunks the caller did not send again (NULL: it
 -- sent every chunk it references).
 CREATE FUNCTION tcc.commit_step(
@@ -220,10 +220,11 @@ BEGIN
         END IF;
         INSERT INTO tcc.snapshots (tenant, run_id, number, journal_len, size, record)
              VALUES (p_tenant, p_run, p_number, journal_len, p_size, p_record);
-        -- the rest of retention (a smaller keep, pins released since) is gc's
+        -- every unpinned snapshot past the newest keep, as LMDB's retention: also one a
+        -- fork no longer pins, or one a smaller keep drops (an index range of a few rows)
         DELETE FROM tcc.snapshots s
          WHERE s.tenant = p_tenant AND s.run_id = p_run
-           AND s.number = p_number - coalesce(v_keep, p_keep)
+           AND s.number <= p_number - coalesce(v_keep, p_keep)
            AND NOT EXISTS (SELECT 1 FROM tcc.pins p WHERE p.tenant = s.tenant
                            AND p.run_id = s.run_id AND p.number = s.number);
     END IF;

@@ -190,7 +190,8 @@ class PgStore:
         self.tenant_key = check_name("tenant", tenant)
         check_int("keep", keep, 1)
         if durability not in DURABILITIES:
-            raise UsageError(f"durability must be one of {', '.join(DURABILITIES)}, not {durability!r}")
+            raise UsageError(f"durability must be {', '.join(map(repr, DURABILITIES[:-1]))} or "
+                             f"{DURABILITIES[-1]!r}, not {durability!r}")
         if key is None:
             raise UsageError(
                 f"the PostgreSQL store {redact(url)} needs its key: give --key-file PATH or "
@@ -202,7 +203,6 @@ class PgStore:
         self._sync_intents = bool(sync_intents)
         self._durability = durability
         self._key = key
-        self.sealer = sealer_for(key)
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
@@ -212,7 +212,6 @@ class PgStore:
         self._errors = psycopg.errors
         self._OperationalError = psycopg.OperationalError
         self._Error = psycopg.Error
-        self._open_schema(psycopg, create)
         from psycopg_pool import ConnectionPool
 
         def configure(conn: Any) -> None:
@@ -223,7 +222,13 @@ class PgStore:
             url, min_size=1, max_size=max(1, pool_size), open=False, timeout=15.0,
             kwargs={"autocommit": True, "application_name": "tcc", "connect_timeout": 10},
             configure=configure, name="tcc")
-        self._pool.open(wait=False)
+        self._pool.open(wait=False)  # its first connection checks the schema, then serves
+        try:
+            self.sealer = sealer_for(key)  # (imports the cipher while the pool connects)
+            self._open_schema(psycopg, create)
+        except BaseException:
+            self._pool.close()
+            raise
 
     # ------------------------------------------------------------- properties
     @property
@@ -260,13 +265,22 @@ class PgStore:
 
     # ------------------------------------------------------------ connection
     def _open_schema(self, psycopg: Any, create: bool) -> None:
-        """Check (or create) the schema and the key, on a connection of its own."""
+        """Check (or create) the schema and the key, on the pool's first connection."""
+        from psycopg_pool import PoolTimeout
+
         try:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10,
-                                   application_name="tcc")
-        except psycopg.Error as exc:
+            with self._pool.connection(timeout=12.0) as conn:
+                self._check_schema(psycopg, conn, create)
+        except PoolTimeout:
+            try:  # the pool only says it timed out: connect once more to learn why
+                psycopg.connect(self.url, connect_timeout=10).close()
+                why = "no connection within 12 s"
+            except psycopg.Error as exc:
+                why = _reason(exc)
             raise StoreConnectionError(
-                f"cannot connect to the PostgreSQL store {self.path}: {_reason(exc)}") from None
+                f"cannot connect to the PostgreSQL store {self.path}: {why}") from None
+
+    def _check_schema(self, psycopg: Any, conn: Any, create: bool) -> None:
         try:
             meta = self._read_meta(conn)
             version = int(meta.get("schema_version", "0"))
@@ -279,15 +293,27 @@ class PgStore:
                         "--key-file PATH`")
                 meta = self._migrate(conn)
             self._check_key(meta)
+            # the server's clock minus this one: leases are the server's, reported on this clock
+            clock = meta.get("_clock")
+            self._skew = float(clock) - (self._meta_asked + time.time()) / 2 if clock else 0.0
+        except psycopg.OperationalError as exc:
+            raise StoreConnectionError(
+                f"cannot use the PostgreSQL store {self.path}: {_reason(exc)}") from None
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL store {self.path}: {_reason(exc)}") from None
-        finally:
-            conn.close()
 
     def _read_meta(self, conn: Any) -> dict[str, str]:
-        if conn.execute("SELECT to_regclass('tcc.meta')").fetchone()[0] is None:
+        """tcc.meta, and the server's clock as ``_clock`` (one round trip; {} without a schema)."""
+        sql = ("SELECT key, value FROM tcc.meta UNION ALL "
+               "SELECT '_clock', extract(epoch FROM clock_timestamp())::text")
+        self._meta_asked = time.time()
+        try:
+            if conn.info.transaction_status == 0:  # idle (autocommit): a failure ends only this
+                return {k: v for k, v in conn.execute(sql)}
+            with conn.transaction():  # inside the migration's transaction: a savepoint
+                return {k: v for k, v in conn.execute(sql)}
+        except self._errors.UndefinedTable:
             return {}
-        return {k: v for k, v in conn.execute("SELECT key, value FROM tcc.meta")}
 
     def _too_new(self, version: int) -> None:
         raise StoreError(
@@ -295,20 +321,28 @@ class PgStore:
             f"tcc understands ({SCHEMA_VERSION}): upgrade tcc")
 
     def _migrate(self, conn: Any) -> dict[str, str]:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
-            meta = self._read_meta(conn)  # again, under the lock: another process may have won
-            version = int(meta.get("schema_version", "0"))
-            if version > SCHEMA_VERSION:
-                self._too_new(version)
-            for n in range(version, SCHEMA_VERSION):
-                conn.execute(MIGRATIONS[n])
-            if version == 0:
-                conn.execute("INSERT INTO tcc.meta VALUES ('key_check', %s), ('key_id', %s)",
-                             (self.sealer.check_tag(_CHECK_LABEL).hex(), key_id(self._key.key)))
-            conn.execute("INSERT INTO tcc.meta VALUES ('schema_version', %s) ON CONFLICT (key) "
-                         "DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
-            return self._read_meta(conn)
+        # The lock is taken before the transaction begins, not inside it: a transaction that
+        # began before another process's migration committed can still see no tcc.meta
+        # (to_regclass reads the catalog caches, refreshed when a transaction starts), and
+        # would create the schema a second time ("relation meta already exists").
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
+        try:
+            with conn.transaction():
+                meta = self._read_meta(conn)  # again, under the lock: another process may have won
+                version = int(meta.get("schema_version", "0"))
+                if version > SCHEMA_VERSION:
+                    self._too_new(version)
+                for n in range(version, SCHEMA_VERSION):
+                    conn.execute(MIGRATIONS[n])
+                if version == 0:
+                    conn.execute("INSERT INTO tcc.meta VALUES ('key_check', %s), ('key_id', %s)",
+                                 (self.sealer.check_tag(_CHECK_LABEL).hex(), key_id(self._key.key)))
+                conn.execute("INSERT INTO tcc.meta VALUES ('schema_version', %s) ON CONFLICT (key) "
+                             "DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
+                return self._read_meta(conn)
+        finally:
+            if not conn.broken:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
 
     def _check_key(self, meta: dict[str, str]) -> None:
         import hmac
@@ -396,7 +430,7 @@ class PgStore:
 
     _RUN_COLS = ("run_id, status, epoch, owner_host, owner_pid, "
                  "extract(epoch FROM lease_expiry - now())::float8, extract(epoch FROM created)::float8, "
-                 "extract(epoch FROM updated)::float8, record")
+                 "extract(epoch FROM updated)::float8, record, extract(epoch FROM lease_expiry)::float8")
 
     def _info(self, row: tuple[Any, ...]) -> RunInfo:
         rid = row[0].encode()
@@ -409,7 +443,9 @@ class PgStore:
             run_id=row[0], tenant=self.tenant, entry=hdr["entry"], args=blobs.get("args", b""),
             strategy=hdr["strategy"], status=row[1], created=row[6], updated=row[7],
             epoch=row[2], owner_host=row[3], owner_pid=row[4],
-            lease_expiry=time.time() + row[5],  # the server's remaining lease, on this clock
+            # the server's expiry on this clock (with the skew measured at open, so that
+            # reading an unchanged run twice gives equal RunInfos, as on LMDB)
+            lease_expiry=row[9] - self._skew,
             result=blobs.get("result"), error=blobs.get("error"),
             parent=(parent[0], parent[1]) if parent else None)
 
@@ -778,9 +814,9 @@ class PgStore:
     def _completion_record(self, rid: bytes, seq: int, c: Completion) -> bytes:
         blobs = {}
         if c.result is not None:
-            blobs["r"] = as_bytes("completion.result", c.result)
+            blobs["r"] = as_bytes("completion result", c.result)
         if c.error is not None:
-            blobs["e"] = as_bytes("completion.error", c.error)
+            blobs["e"] = as_bytes("completion error", c.error)
         return self.sealer.seal(b"journal", seq_key(self.tenant_key, rid, seq),
                                 {"k": "c", "t": time.time(), "i": c.intent_seq,
                                  "d": float(c.duration)}, blobs)
@@ -788,7 +824,7 @@ class PgStore:
     def _check_completion(self, completion: object) -> Completion:
         if not isinstance(completion, Completion):
             raise UsageError(f"completion must be a Completion, not {type(completion).__name__}")
-        check_int("completion.intent_seq", completion.intent_seq, 0)
+        check_int("completion intent_seq", completion.intent_seq, 0)
         return completion
 
     def append_completion(self, run_id: str, epoch: int, completion: Completion, *,
@@ -1000,7 +1036,7 @@ class PgStore:
     def load_snapshot(self, run_id: str, number: int | None = None) -> bytes:
         rid = self._rid(run_id)
         if number is not None:
-            check_int("number", number, 0)
+            check_int("snapshot number", number, 1)
 
         def op(conn: Any) -> bytes:
             return self._payload(conn, rid, self._pick(self._snapshot_rows(conn, rid), rid, number))
