@@ -60,9 +60,10 @@ def _real_dir(folder: str) -> str:
     return os.path.realpath(folder)
 
 
+@functools.lru_cache(maxsize=4096)
 def _real_path(file: str) -> str:
-    """``os.path.realpath(file)``, resolving the folder from a cache (the file itself is
-    looked at once: it may be a symbolic link)."""
+    """``os.path.realpath(file)``, once per file, resolving its folder from a cache (the
+    file itself may be a symbolic link)."""
     if not os.path.isabs(file) or os.path.islink(file):  # (a relative path depends on the cwd)
         return os.path.realpath(file)
     return os.path.join(_real_dir(os.path.dirname(file)), os.path.basename(file))

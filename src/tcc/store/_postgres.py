@@ -388,11 +388,15 @@ class PgStore:
                         f"{_reason(exc)}") from None
         raise AssertionError("unreachable")
 
-    def _tx(self, fn: Callable[[Any], T], what: str) -> T:
-        """``fn(conn)`` in one transaction; a lost connection is StoreConnectionError."""
+    def _tx(self, fn: Callable[[Any], T], what: str, *, transaction: bool = True) -> T:
+        """``fn(conn)`` in one transaction (``transaction=False``: ``fn`` writes with one
+        statement, committed by itself); a lost connection is StoreConnectionError."""
         try:
-            with self._conn() as conn, conn.transaction():
-                return fn(conn)
+            with self._conn() as conn:
+                if not transaction:
+                    return fn(conn)
+                with conn.transaction():
+                    return fn(conn)
         except self._OperationalError as exc:
             raise StoreConnectionError(
                 f"lost the connection to the PostgreSQL store {self.path} during {what}: "
@@ -454,7 +458,8 @@ class PgStore:
 
     def _load_run(self, conn: Any, rid: bytes, *, lock: bool = False) -> tuple[Any, ...]:
         row = conn.execute(
-            f"SELECT {self._RUN_COLS}, keep FROM tcc.runs WHERE tenant = %s AND run_id = %s"
+            f"SELECT {self._RUN_COLS}, keep, xmin::text FROM tcc.runs WHERE tenant = %s "
+            "AND run_id = %s"
             + (" FOR UPDATE" if lock else ""), (self.tenant, rid.decode())).fetchone()
         if row is None:
             raise self._not_found(rid)
@@ -466,11 +471,13 @@ class PgStore:
         except Corrupt as exc:
             raise self._corrupt(f"run {row[0]!r} record", exc) from None
 
+    def _event_record(self, rid: bytes, kind: str, data: Mapping[str, Any] | None) -> bytes:
+        return self.sealer.seal(b"events", self._run_key(rid),
+                                {"k": kind, "t": time.time(), "d": dict(data or {})})
+
     def _event(self, conn: Any, rid: bytes, kind: str, data: Mapping[str, Any] | None) -> None:
-        rec = self.sealer.seal(b"events", self._run_key(rid),
-                               {"k": kind, "t": time.time(), "d": dict(data or {})})
         conn.execute("INSERT INTO tcc.events (tenant, run_id, record) VALUES (%s, %s, %s)",
-                     (self.tenant, rid.decode(), rec))
+                     (self.tenant, rid.decode(), self._event_record(rid, kind, data)))
 
     def create_run(self, entry: str, args: bytes = b"", *, strategy: str = "continuation",
                    run_id: str | None = None, lease: float = 30.0,
@@ -528,8 +535,8 @@ class PgStore:
         _check_lease(lease)
         rid = self._rid(run_id)
 
-        def op(conn: Any) -> RunInfo:
-            row = self._load_run(conn, rid, lock=True)
+        def decide(row: tuple[Any, ...]) -> bytes:
+            """The claim's event record, if the run in ``row`` may be claimed; else FencedError."""
             self._open_run(row)  # a damaged record is not claimed
             _, status, epoch, host, pid, left = row[:6]
             if status in FINAL_STATUSES:
@@ -543,18 +550,38 @@ class PgStore:
                     f"run {run_id!r} in store {self.path} is owned by {host}:{pid} for {left:.1f} s "
                     "more; wait for it to finish or its lease to expire, or take it over anyway "
                     "(`tcc resume --steal`, claim_run(steal=True))")
-            conn.execute(
-                "UPDATE tcc.runs SET epoch = epoch + 1, owner_host = %s, owner_pid = %s, "
-                "lease_expiry = now() + make_interval(secs => %s), updated = now() "
-                "WHERE tenant = %s AND run_id = %s",
-                (HOST, os.getpid(), float(lease), self.tenant, rid.decode()))
-            self._event(conn, rid, "reclaimed" if mine else "taken_over",
-                        {"epoch": epoch, "owner": f"{host}:{pid}", "new_epoch": epoch + 1})
-            return self._info(self._load_run(conn, rid))
+            return self._event_record(rid, "reclaimed" if mine else "taken_over",
+                                      {"epoch": epoch, "owner": f"{host}:{pid}",
+                                       "new_epoch": epoch + 1})
 
-        info = self._tx(op, f"claiming run {run_id!r}")
-        with self._lock:
-            self._memos.pop(rid, None)  # a new owner reads its counts again
+        claim = (f"WITH u AS (UPDATE tcc.runs SET epoch = epoch + 1, owner_host = %s, "
+                 "owner_pid = %s, lease_expiry = now() + make_interval(secs => %s), "
+                 "updated = now() WHERE tenant = %s AND run_id = %s {cond} RETURNING *), "
+                 "e AS (INSERT INTO tcc.events (tenant, run_id, record) SELECT tenant, run_id, %s "
+                 f"FROM u) SELECT {self._RUN_COLS} FROM u")
+        params = (HOST, os.getpid(), float(lease), self.tenant, rid.decode())
+
+        def optimistic(conn: Any) -> RunInfo | None:
+            # two round trips: read, then claim the row version that was read (xmin), with
+            # its event, in one statement; None if the run changed in between
+            row = self._load_run(conn, rid)
+            event = decide(row)
+            got = conn.execute(claim.format(cond="AND xmin = %s::text::xid"),
+                               (*params, row[-1], event)).fetchone()
+            return None if got is None else self._info(tuple(got))
+
+        def locked(conn: Any) -> RunInfo:
+            row = self._load_run(conn, rid, lock=True)
+            event = decide(row)
+            return self._info(tuple(conn.execute(claim.format(cond=""), (*params, event)).fetchone()))
+
+        try:
+            info = self._tx(optimistic, f"claiming run {run_id!r}", transaction=False)
+            if info is None:  # its owner wrote meanwhile: decide again, holding the row's lock
+                info = self._tx(locked, f"claiming run {run_id!r}")
+        finally:
+            with self._lock:
+                self._memos.pop(rid, None)  # a new owner reads its counts again
         return info
 
     def cancel_run(self, run_id: str, *, reason: str | None = None) -> RunInfo:
@@ -612,12 +639,19 @@ class PgStore:
         _check_lease(lease)
         rid = self._rid(run_id)
 
-        def op(conn: Any) -> RunInfo:
-            self._fenced_update(conn, rid, epoch, "lease_expiry = now() + make_interval(secs => %s), "
-                                "updated = now()", (float(lease),))
-            return self._info(self._load_run(conn, rid))
+        _check_epoch(epoch)
 
-        return self._tx(op, f"renewing the lease of run {run_id!r}")
+        def op(conn: Any) -> RunInfo:
+            row = conn.execute(
+                "UPDATE tcc.runs SET lease_expiry = now() + make_interval(secs => %s), "
+                f"updated = now() WHERE tenant = %s AND run_id = %s AND epoch = %s AND status "
+                f"NOT IN ('completed', 'cancelled') RETURNING {self._RUN_COLS}",
+                (float(lease), self.tenant, rid.decode(), epoch)).fetchone()
+            if row is None:
+                raise self._fence_error(conn, rid, epoch)
+            return self._info(tuple(row))
+
+        return self._tx(op, f"renewing the lease of run {run_id!r}", transaction=False)
 
     def set_status(self, run_id: str, epoch: int, status: str, *, result: bytes | None = None,
                    error: bytes | None = None) -> RunInfo:
@@ -1164,14 +1198,28 @@ class PgStore:
         except (TypeError, ValueError) as exc:
             raise UsageError(f"event data must be JSON-able: {exc}") from None
 
-        def op(conn: Any) -> None:
-            if epoch is None:
-                self._load_run(conn, rid)
-            else:
-                self._fenced_update(conn, rid, epoch, "updated = updated", ())
-            self._event(conn, rid, kind, data)
+        if epoch is not None:
+            _check_epoch(epoch)
+        record = self._event_record(rid, kind, data)
+        key = (self.tenant, rid.decode())
 
-        self._tx(op, f"adding an event to run {run_id!r}")
+        def op(conn: Any) -> None:
+            # one statement: the owner's is fenced (the row lock of its no-op update), anyone
+            # else's needs the run to exist
+            if epoch is None:
+                cur = conn.execute(
+                    "INSERT INTO tcc.events (tenant, run_id, record) SELECT tenant, run_id, %s "
+                    "FROM tcc.runs WHERE tenant = %s AND run_id = %s", (record, *key))
+            else:
+                cur = conn.execute(
+                    "WITH f AS (UPDATE tcc.runs SET updated = updated WHERE tenant = %s AND "
+                    "run_id = %s AND epoch = %s AND status NOT IN ('completed', 'cancelled') "
+                    "RETURNING tenant, run_id) INSERT INTO tcc.events (tenant, run_id, record) "
+                    "SELECT tenant, run_id, %s FROM f", (*key, epoch, record))
+            if cur.rowcount != 1:
+                raise self._not_found(rid) if epoch is None else self._fence_error(conn, rid, epoch)
+
+        self._tx(op, f"adding an event to run {run_id!r}", transaction=False)
 
     def events(self, run_id: str) -> list[Event]:
         rid = self._rid(run_id)
