@@ -376,10 +376,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .. import runtime
-    from ..store import default_path
+    from ..store import default_path, is_postgres_url
 
-    path = os.path.abspath(args.store) if args.store else default_path()
-    new = not os.path.exists(os.path.join(path, "data.mdb"))
+    path = args.store or default_path()
+    # a PostgreSQL store exists once `tcc init` made it (opening it creates nothing unasked)
+    new = not is_postgres_url(path) and not os.path.exists(os.path.join(os.path.abspath(path),
+                                                                        "data.mdb"))
     with _open(args, create=True) as store:
         if new:  # a worker may start before any run, but a mistyped path should not pass unseen
             print(f"tcc worker: there was no store at {_render.clean(path)}, so an empty one was created; "

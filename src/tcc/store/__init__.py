@@ -219,18 +219,31 @@ def init_store(
 def _make_key_file(path: str) -> bool:
     """Create ``path`` with a new random key (mode 0600) unless it exists; True if created."""
     import secrets
+    import tempfile
 
     from ..errors import StoreError
 
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
+    if os.path.lexists(path):
         return False
+    # Written in full under a temporary name (mkstemp: mode 0600), then linked into place,
+    # which fails if the name exists: a `tcc init` racing this one never reads a key file
+    # that is still empty.
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tcc-key-", dir=os.path.dirname(os.path.abspath(path)))
     except OSError as exc:
         raise StoreError(f"cannot create the key file {path}: {exc.strerror}") from None
     try:
-        os.write(fd, (secrets.token_bytes(32).hex() + "\n").encode())
-        os.fsync(fd)
+        try:
+            os.write(fd, (secrets.token_bytes(32).hex() + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot create the key file {path}: {exc.strerror}") from None
     finally:
-        os.close(fd)
+        os.unlink(tmp)
     return True
