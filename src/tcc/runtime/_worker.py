@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, cast
 
 from .._proc import pid_alive
-from ..errors import RunNotFoundError
+from ..errors import RunNotFoundError, StoreConnectionError
 from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
 
 BACKOFF_MAX = 300.0  # seconds between resumes of a run whose resumes keep failing
@@ -202,8 +202,22 @@ class Worker:
     def serve(self, *, once: bool = False) -> int:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        unreachable = False
         while not self.stopping:
-            self.tick()
+            try:
+                self.tick()
+            except StoreConnectionError as exc:
+                if once:
+                    raise
+                # the database is down or unreachable (a restart, a network cut): keep the
+                # started resumes and poll again; say so once per outage
+                if not unreachable:
+                    self.log(f"worker: {exc}; retrying every {self.poll:g} s")
+                unreachable = True
+            else:
+                if unreachable:
+                    self.log("worker: the store is reachable again")
+                unreachable = False
             if once:
                 for run_id, proc in self.children.items():  # one poll: let them finish
                     proc.wait()

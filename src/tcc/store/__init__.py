@@ -114,7 +114,7 @@ def open_store(
     max_map_size: int | None = None,
     key: bytes | str | None = None,
     key_file: str | os.PathLike[str] | None = None,
-    sync_intents: bool = False,
+    sync_intents: bool = True,
 ) -> Store:
     """Open (by default creating) the store at ``path`` for one tenant.
 
@@ -124,9 +124,10 @@ def open_store(
     "PostgreSQL store").  A PostgreSQL store needs its key: ``key``,
     ``key_file`` (a file of 64 hex digits, mode 0600), ``$TCC_STORE_KEY_FILE``
     or ``$TCC_STORE_KEY``; :func:`init_store` creates the schema and the key
-    file.  ``map_size`` and ``max_map_size`` apply to LMDB only; ``sync_intents``
-    (PostgreSQL only) waits for each intent's own WAL flush instead of letting the
-    step's commit flush it (README, "The PostgreSQL store").
+    file.  ``map_size`` and ``max_map_size`` apply to LMDB only; ``sync_intents=False``
+    (PostgreSQL only) lets an intent's commit skip its own WAL flush (the step's commit
+    flushes it): a flush less per step, but a server crash can lose the intent of the
+    effect in flight (README, "The PostgreSQL store").
 
     ``durability`` (one of :data:`DURABILITIES`) is ``"sync"`` (fsync every commit), ``"group"``
     (concurrent commits share one fsync; same guarantee as sync) or
@@ -207,10 +208,15 @@ def init_store(
     made = False
     if key_file is not None:
         made = _make_key_file(os.fspath(key_file))
+    from ._postgres import WrongKeyError
+
     try:
         store = open_store(raw or None, tenant=tenant, create=True, key_file=key_file)
-    except BaseException:
-        if made:  # a key file that opens nothing would only mislead
+    except WrongKeyError:
+        # the store exists with another key, so this new one can never open it; any other
+        # failure (a lost connection, say) leaves it: another `tcc init` may already have
+        # created the store with it
+        if made:
             os.unlink(os.fspath(key_file))  # type: ignore[arg-type]
         raise
     return store, made

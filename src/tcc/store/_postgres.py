@@ -18,19 +18,25 @@ record sealed with another key fails its MAC and is never unpickled.  Chunks
 are addressed by a keyed hash of their content, so the snapshot record's MAC
 covers them too.
 
-**A step is one round trip.**  :meth:`PgStore.checkpoint` cuts the payload by
-content (``_chunks``), sends only the chunks the run's previous snapshot
-does not already reference, and calls ``tcc.commit_step`` once: fence,
-completion, consumed signal, chunks, snapshot and retention commit together
-or not at all.  The caller seals each record for the journal position and
+**A step is two round trips**: the intent (``tcc.append_intent``, fenced,
+before the effect runs) and the step's commit.  :meth:`PgStore.checkpoint`
+cuts the payload by content (``_chunks``), sends only the chunks the run's
+previous snapshot does not already reference, and calls ``tcc.commit_step``
+once: fence, completion, consumed signal, chunks, snapshot and retention
+commit together or not at all.  Each waits for its WAL flush; with
+``sync_intents=False`` an intent does not wait for its own (the step's commit
+flushes it), which saves a flush per step but lets a *server* crash lose the
+intent of the effect in flight: that call is then issued again from the
+snapshot, not recognised as in doubt (its verify probe is not asked).  The caller seals each record for the journal position and
 snapshot number it expects; the function refuses (``TC002``) if the run
 moved, and the handle re-reads and retries once.
 
 **Connections.**  A ``psycopg_pool`` pool of autocommit connections.  A lost
 connection is a :class:`~tcc.errors.StoreConnectionError`: reads are retried
-once on a new connection; a write is not retried blindly (it may have
-committed) -- :meth:`checkpoint` and :meth:`append_completion` look at the
-journal after reconnecting and report whether the write landed.
+once on a new connection; a write is not retried (it may have committed): the
+error says that whether it committed is unknown, and the run resumes from what
+the store has.  Opening a store that cannot be reached fails within a second
+with libpq's reason.
 
 Differences from the LMDB store: chunks no snapshot references any more are
 deleted by :meth:`gc` only (LMDB frees them in the checkpoint that drops their
@@ -82,7 +88,7 @@ from ._codec import Corrupt, Sealer, as_bytes, check_int, check_name, seq_key
 from ._crypt import Crypt, StoreKey, key_id
 from ._pgschema import CHUNK_LOCK, MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION
 
-__all__ = ["PgStore", "is_postgres_url", "redact"]
+__all__ = ["PgStore", "WrongKeyError", "is_postgres_url", "redact"]
 
 T = TypeVar("T")
 _S = TypeVar("_S", bound="PgStore")
@@ -147,6 +153,10 @@ def sealer_for(key: StoreKey) -> Sealer:
     return Sealer(derive(b"tcc-pg-mac"), "blake3", Crypt(derive(b"tcc-pg-data")))
 
 
+class WrongKeyError(StoreError):
+    """The store key given is not the key the store was created with (nothing was read)."""
+
+
 class _Moved(Exception):
     """Internal: the run's journal or snapshot count is not what the handle expected."""
 
@@ -183,7 +193,7 @@ class PgStore:
         keep: int = 3,
         key: StoreKey | None = None,
         pool_size: int = 4,
-        sync_intents: bool = False,
+        sync_intents: bool = True,
     ) -> None:
         if not is_postgres_url(url):
             raise UsageError(f"not a PostgreSQL URL: {url!r} (postgresql://USER@HOST:PORT/DB)")
@@ -269,16 +279,23 @@ class PgStore:
         from psycopg_pool import PoolTimeout
 
         try:
-            with self._pool.connection(timeout=12.0) as conn:
+            with self._pool.connection(timeout=1.0) as conn:
                 self._check_schema(psycopg, conn, create)
+                return
         except PoolTimeout:
-            try:  # the pool only says it timed out: connect once more to learn why
-                psycopg.connect(self.url, connect_timeout=10).close()
-                why = "no connection within 12 s"
-            except psycopg.Error as exc:
-                why = _reason(exc)
+            pass
+        # No pooled connection within a second: the pool only retries quietly, so connect
+        # here, which fails at once with libpq's reason (a slow server still gets its 10 s).
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10,
+                                   application_name="tcc")
+        except psycopg.Error as exc:
             raise StoreConnectionError(
-                f"cannot connect to the PostgreSQL store {self.path}: {why}") from None
+                f"cannot connect to the PostgreSQL store {self.path}: {_reason(exc)}") from None
+        try:
+            self._check_schema(psycopg, conn, create)
+        finally:
+            conn.close()
 
     def _check_schema(self, psycopg: Any, conn: Any, create: bool) -> None:
         try:
@@ -349,7 +366,7 @@ class PgStore:
 
         check = meta.get("key_check", "")
         if not hmac.compare_digest(check, self.sealer.check_tag(_CHECK_LABEL).hex()):
-            raise StoreError(
+            raise WrongKeyError(
                 f"the store key from {self._key.source} (key id {key_id(self._key.key)}) is not "
                 f"the key of the PostgreSQL store {self.path} (key id {meta.get('key_id', '?')}): "
                 "give the key file `tcc init` made for this store; nothing was read")
