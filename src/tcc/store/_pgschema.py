@@ -117,6 +117,13 @@ CREATE TABLE tcc.events (
     record bytea NOT NULL
 );
 CREATE INDEX events_by_run ON tcc.events (tenant, run_id, id);
+-- sealed records and chunks are encrypted: compressing them only costs CPU
+ALTER TABLE tcc.runs ALTER COLUMN record SET STORAGE EXTERNAL;
+ALTER TABLE tcc.journal ALTER COLUMN record SET STORAGE EXTERNAL;
+ALTER TABLE tcc.snapshots ALTER COLUMN record SET STORAGE EXTERNAL;
+ALTER TABLE tcc.chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+ALTER TABLE tcc.signals ALTER COLUMN record SET STORAGE EXTERNAL;
+ALTER TABLE tcc.events ALTER COLUMN record SET STORAGE EXTERNAL;
 
 -- Every function below starts with the fence: the conditional UPDATE of the run
 -- row locks it (a concurrent claim waits for the commit) and moves its counters;
