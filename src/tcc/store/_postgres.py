@@ -903,10 +903,11 @@ class PgStore:
         check_int("start", start, 0)
 
         def op(conn: Any) -> list[tuple[Any, ...]]:
-            self._load_run(conn, rid)
             rows: list[tuple[Any, ...]] = conn.execute(
                 "SELECT seq, record FROM tcc.journal WHERE tenant = %s AND run_id = %s AND "
                 "seq >= %s ORDER BY seq", (self.tenant, rid.decode(), start)).fetchall()
+            if not rows:
+                self._load_run(conn, rid)  # none, or no such run (RunNotFoundError)
             return rows
 
         out: list[JournalRecord] = []
@@ -1016,12 +1017,14 @@ class PgStore:
             raise
 
     def _snapshot_rows(self, conn: Any, rid: bytes) -> list[tuple[Any, ...]]:
-        self._load_run(conn, rid)
-        return [tuple(r) for r in conn.execute(
+        rows = [tuple(r) for r in conn.execute(
             "SELECT number, journal_len, size, extract(epoch FROM created)::float8, record, "
             "EXISTS (SELECT 1 FROM tcc.pins p WHERE p.tenant = s.tenant AND p.run_id = s.run_id "
             "AND p.number = s.number) FROM tcc.snapshots s WHERE tenant = %s AND run_id = %s "
             "ORDER BY number", (self.tenant, rid.decode())).fetchall()]
+        if not rows:
+            self._load_run(conn, rid)  # none, or no such run (RunNotFoundError)
+        return rows
 
     def _snap_record(self, rid: bytes, row: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, bytes]]:
         number = row[0]
@@ -1173,12 +1176,14 @@ class PgStore:
         rid = self._rid(run_id)
 
         def op(conn: Any) -> list[str]:
-            self._load_run(conn, rid)
-            return [r[0] for r in conn.execute(
+            names = [r[0] for r in conn.execute(
                 "SELECT s.name FROM tcc.signals s WHERE s.tenant = %s AND s.run_id = %s AND NOT "
                 "EXISTS (SELECT 1 FROM tcc.signal_consumptions c WHERE c.tenant = s.tenant AND "
                 "c.run_id = s.run_id AND c.name = s.name) ORDER BY s.name",
                 (self.tenant, rid.decode())).fetchall()]
+            if not names:
+                self._load_run(conn, rid)  # none, or no such run (RunNotFoundError)
+            return names
 
         return self._read(op)
 
@@ -1187,8 +1192,9 @@ class PgStore:
         check_name("signal name", name)
 
         def op(conn: Any) -> bytes | None:
-            self._load_run(conn, rid)
             value, consumed = self._signal(conn, rid, name)
+            if value is None:
+                self._load_run(conn, rid)  # never delivered, or no such run
             return None if consumed else value
 
         return self._read(op)
@@ -1198,8 +1204,9 @@ class PgStore:
         check_name("signal name", name)
 
         def op(conn: Any) -> str | None:
-            self._load_run(conn, rid)
             value, consumed = self._signal(conn, rid, name)
+            if value is None:
+                self._load_run(conn, rid)  # never delivered, or no such run
             return None if value is None else ("consumed" if consumed else "pending")
 
         return self._read(op)
