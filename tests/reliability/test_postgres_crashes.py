@@ -18,7 +18,7 @@ actions, judges, ``finish`` and ``check_run`` -- is reused here:
   duplicates=...``.  Kill delays of `tcc run`/`resume` reach further than on LMDB
   (``TCC_PG_CAMPAIGN_RUN_HORIZON`` [1.5] s: the first effect comes later), and so do the
   initial horizons of the other commands.  Sizes:
-  ``TCC_PG_CAMPAIGN_KILLS`` [20] per CI test,
+  ``TCC_PG_CAMPAIGN_KILLS`` [12] per CI test,
   ``TCC_SLOW_PG_CAMPAIGN_KILLS`` [2000] in the slow tier; ``TCC_RELIABILITY_SEED`` and
   ``TCC_RELIABILITY_JOBS`` as in the LMDB campaign.
 
@@ -36,7 +36,7 @@ actions, judges, ``finish`` and ``check_run`` -- is reused here:
   flight at the crash is re-issued in doubt, and with a verify probe no call runs twice
   (``unrecorded_reissues``, a duplicate ledger line of a call whose journal has a single
   intent, must be 0: it counts intents a crash took, which ``sync_intents=False`` allows).
-  Sizes: ``TCC_PG_SERVER_KILLS`` [5] and ``TCC_PG_SERVER_VERIFY_KILLS`` [4] in CI,
+  Sizes: ``TCC_PG_SERVER_KILLS`` [4] and ``TCC_PG_SERVER_VERIFY_KILLS`` [3] in CI,
   ``TCC_SLOW_PG_SERVER_KILLS`` [200] in the slow tier.
 
 * **A cut connection**: an effect (tests/_support/agents/pg_cut_agent.py) terminates its
@@ -86,10 +86,10 @@ from tests.reliability.test_crash_campaign import (  # the LMDB campaign's machi
 
 CUT_AGENT = str(pathlib.Path(__file__).resolve().parents[1] / "_support" / "agents" / "pg_cut_agent.py")
 
-KILLS = int(os.environ.get("TCC_PG_CAMPAIGN_KILLS", "20"))
+KILLS = int(os.environ.get("TCC_PG_CAMPAIGN_KILLS", "12"))
 SLOW_KILLS = int(os.environ.get("TCC_SLOW_PG_CAMPAIGN_KILLS", "2000"))
-SERVER_KILLS = int(os.environ.get("TCC_PG_SERVER_KILLS", "5"))
-SERVER_VERIFY_KILLS = int(os.environ.get("TCC_PG_SERVER_VERIFY_KILLS", "4"))
+SERVER_KILLS = int(os.environ.get("TCC_PG_SERVER_KILLS", "4"))
+SERVER_VERIFY_KILLS = int(os.environ.get("TCC_PG_SERVER_VERIFY_KILLS", "3"))
 SLOW_SERVER_KILLS = int(os.environ.get("TCC_SLOW_PG_SERVER_KILLS", "200"))
 SERVER_SEED = SEED + 19
 # run/resume kill delays: uniform(0.02, RUN_HORIZON) as in the LMDB campaign, but longer: a
