@@ -221,8 +221,11 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from ..store import init_store
 
     store, made = init_store(args.store, key_file=args.key_file, tenant=args.tenant)
+    # the key file init_store used: --key-file, else $TCC_STORE_KEY_FILE (None: an LMDB store
+    # without a key)
+    key_file = args.key_file or os.environ.get("TCC_STORE_KEY_FILE") or None
     with store:
-        doc = {"store": store.path, "key_file": args.key_file, "key_file_created": made}
+        doc = {"store": store.path, "key_file": key_file, "key_file_created": made}
     if args.json:
         import json
 
@@ -230,7 +233,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     else:
         print(f"store {_render.clean(doc['store'])} is ready")
         if made:
-            print(f"created the key file {args.key_file} (mode 0600): every process that uses the "
+            print(f"created the key file {key_file} (mode 0600): every process that uses the "
                   "store needs it (--key-file or $TCC_STORE_KEY_FILE); keep a copy somewhere safe, "
                   "since the store cannot be read without it")
     return 0
