@@ -31,11 +31,12 @@ actions, judges, ``finish`` and ``check_run`` -- is reused here:
   lost the connection ... whether it committed is unknown`` or ``cannot connect``; nothing
   else (no traceback).  At the end every run is resumed to completion and checked as
   above: exact, nothing acknowledged lost, each intent answered at most once, gapless
-  journals, duplicates <= the server kills the run lived through.  Intents wait for their
-  WAL flush (the default; README "The PostgreSQL store"), so one is never lost: a call in
-  flight at the crash is re-issued in doubt, and with a verify probe no call runs twice
-  (``unrecorded_reissues``, a duplicate ledger line of a call whose journal has a single
-  intent, must be 0: it counts intents a crash took, which ``sync_intents=False`` allows).
+  journals, duplicates <= the server kills the run lived through.  Intents do not wait
+  for their own WAL flush (the default; README "The PostgreSQL store"), so a crash can
+  take the intent of the call in flight: that call is then re-issued unaware
+  (``unrecorded_reissues``: a duplicate ledger line of a call whose journal has a single
+  intent), or in doubt when its intent survived (``recorded_duplicates``); with a verify
+  probe, which a resumed run asks for its first fresh call, no call runs twice (both 0).
   Sizes: ``TCC_PG_SERVER_KILLS`` [4] and ``TCC_PG_SERVER_VERIFY_KILLS`` [3] in CI,
   ``TCC_SLOW_PG_SERVER_KILLS`` [200] in the slow tier.
 
@@ -56,6 +57,7 @@ import itertools
 import json
 import os
 import pathlib
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -85,6 +87,8 @@ from tests.reliability.test_crash_campaign import (  # the LMDB campaign's machi
 )
 
 CUT_AGENT = str(pathlib.Path(__file__).resolve().parents[1] / "_support" / "agents" / "pg_cut_agent.py")
+LOST_INTENT_AGENT = str(pathlib.Path(__file__).resolve().parents[1] / "_support" / "agents"
+                        / "pg_lost_intent_agent.py")
 
 KILLS = int(os.environ.get("TCC_PG_CAMPAIGN_KILLS", "12"))
 SLOW_KILLS = int(os.environ.get("TCC_SLOW_PG_CAMPAIGN_KILLS", "2000"))
@@ -446,12 +450,13 @@ class ServerKillJob(PgJob):
 
 
 @contextlib.contextmanager
-def own_server() -> Iterator[Any]:
-    """A TemporaryServer for one test, which it may kill; skipped where there is none we own."""
+def own_server(**settings: Any) -> Iterator[Any]:
+    """A TemporaryServer for one test, which it may kill; skipped where there is none we own.
+    ``settings``: more server settings (``-c name=value``)."""
     from tcc.testing.postgres import ServerUnavailable, TemporaryServer
 
     try:
-        server = TemporaryServer(fsync=False)
+        server = TemporaryServer(fsync=False, settings=settings)
         server.__enter__()
     except ServerUnavailable as exc:
         if os.environ.get("TCC_REQUIRE_POSTGRES", "").strip() not in ("", "0"):
@@ -513,8 +518,9 @@ def test_server_killed_mid_run_loses_nothing_acknowledged(tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("reaper")
 def test_server_killed_mid_run_with_verify_probe_has_no_duplicates(tmp_path):
-    """The server-kill campaign with a verify probe: every intent survives the crash (it
-    waited for its flush), so a call in flight is verified, never run twice."""
+    """The server-kill campaign with a verify probe: a call in flight is verified, never run
+    twice, whether its intent survived the crash (in doubt) or not (the first call a
+    resumed run makes afresh is asked about too)."""
     fig, _job, unrecorded, recorded = server_campaign(tmp_path, SERVER_VERIFY_KILLS, SERVER_SEED + 2,
                                                       "ci", probe=True)
     assert_server_campaign(fig, SERVER_VERIFY_KILLS)
@@ -600,6 +606,75 @@ def test_connection_lost_before_the_completion_commit_resumes_exactly(tmp_path, 
     assert problems == []
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("verify", [False, True], ids=["rerun", "verify"])
+def test_server_crash_that_takes_an_intent_leaves_the_call_in_doubt(tmp_path, verify):
+    """An intent does not wait for its own WAL flush (one flush per step): the server is
+    SIGKILLed while the effect runs, before anything flushed the intent, and the journal
+    comes back without it.  `tcc resume` cannot know the call started, so it treats the
+    first call it makes afresh as in doubt: with a verify probe the call is found and not
+    run again; without one it runs again (the documented window: one duplicate of the
+    call in flight, like a process crash before the completion commit)."""
+    # the WAL writer must not flush the intent on its own before the kill (default 200 ms)
+    with own_server(wal_writer_delay="10s") as server:
+        pg = make_pg_store(server.create_database("lost"), tmp_path)
+        ledger = tmp_path / "ledger.txt"
+        hand = tmp_path / "hand"
+        cli = PgCli(tmp_path, pg, LEDGER=str(ledger), STEPS="5", CRASH_AT="3", HANDSHAKE=str(hand),
+                    VERIFY="1" if verify else "0")
+        proc = subprocess.Popen(cli.cmd("run", "--json", "--run-id", "lost", LOST_INTENT_AGENT),
+                                env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "hand.ready").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.005)
+            server.kill()
+            (tmp_path / "hand.go").touch()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 1 and "Traceback" not in err, (proc.returncode, out, err)
+        lines = error_lines(err)
+        assert len(lines) == 1 and lines[0].startswith("tcc: error: lost the connection"), err
+        server.start()
+
+        with pg.open(create=False) as store:
+            journal = store.journal("lost")
+        keys = [r.idempotency_key for r in journal if r.kind == "intent"]
+        assert keys == ["lost:1", "lost:2"], keys  # the crash took the third call's intent
+        assert ledger.read_text().splitlines()[-1].startswith("lost:3 ")  # ... after it ran
+
+        resumed = cli.run("resume", "--json", "lost", timeout=120)
+        assert resumed.returncode == 0 and error_lines(resumed.stderr) == [], resumed.stderr
+        doc = json.loads(resumed.stdout.strip().splitlines()[-1])
+        assert doc["status"] == "completed" and doc["result"] == {"steps": 5, "total": 15}, doc
+
+        values = collections.defaultdict(list)
+        for line in ledger.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            values[key].append(int(value))
+        with pg.open(create=False) as store:
+            journal = store.journal("lost")
+            events = [e for e in store.events("lost") if e.kind.startswith("in_doubt")]
+        assert sorted(values) == [f"lost:{n}" for n in range(1, 6)]
+        assert all(len(v) == 1 for k, v in values.items() if k != "lost:3")
+        third = [r for r in journal if r.kind == "intent" and r.idempotency_key == "lost:3"]
+        assert len(third) == 1 and third[0].attempt == 1  # answered once
+        if verify:
+            assert values["lost:3"] == [values["lost:3"][0]]  # found by the probe: not run again
+            assert [(e.kind, e.data) for e in events] == [
+                ("in_doubt_verified", {"effect": "pg_lost_intent:append_verified", "key": "lost:3",
+                                       "unrecorded": True})]
+        else:
+            assert len(values["lost:3"]) == 2  # the window: run again, unaware
+            assert events == []
+        problems, _ = journal_problems(pg)
+        assert problems == []
+
+
 def test_unreachable_server_is_one_line(tmp_path, pg_dsn):
     """A store whose server does not answer: `tcc ls` fails with one `cannot connect` line."""
     import socket
@@ -625,7 +700,6 @@ def test_worker_rides_out_a_server_outage(tmp_path):
     run whose approval arrived once the server is back (it used to exit on the first
     StoreConnectionError, leaving its resumes unsupervised)."""
     import signal as signals
-    import subprocess
 
     with own_server() as server:
         pg = make_pg_store(server.create_database("outage"), tmp_path)

@@ -167,14 +167,45 @@ class Attempts:
                 raise Parked("stopped", {"reason": "SIGTERM"})  # resumed, the retry runs then
             attempt += 1
 
-    def reissue(self, effect: Effect, logged: LoggedCall) -> tuple[Resumption, Completion]:
-        """A call that was in flight at a crash: verify, or run again as recorded."""
-        args, kwargs = load_payload(logged.args)
+    def reissue(self, effect: Effect, logged: LoggedCall, *,
+                unrecorded: bool = False) -> tuple[Resumption, Completion]:
+        """A call that was in flight at a crash: verify, or run again as recorded.  Also a
+        call whose last attempt failed with retries left: its next attempt runs, after
+        asking the verify probe if ``unrecorded`` (that attempt's intent may be lost)."""
         if logged.outcome is None:
+            args, kwargs = load_payload(logged.args)
             found = self.probe(effect, logged, args, kwargs)
             if found is not None:
                 return found
+        elif unrecorded:
+            found = self.probe_unrecorded(effect, logged.args, logged.key, logged.attempt + 1)
+            if found is not None:
+                return found
         return self.run_attempts(effect, logged.args, logged.key, logged.attempt + 1)
+
+    def probe_unrecorded(self, effect: Effect, args_blob: bytes, key: str,
+                         attempt: int) -> tuple[Resumption, Completion] | None:
+        """Attempt ``attempt`` of call ``key`` may have started before a crash that took its
+        intent (the store's intents are not durable on their own, and this is the first
+        call the resumed run makes afresh): ask ``effect``'s verify probe, if it has one.
+
+        An answer (not None) is journaled as that attempt's outcome and returned with its
+        completion (not yet stored), with an ``in_doubt_verified`` event marked
+        ``unrecorded``; None means the call runs as usual.  Nothing is recorded then: most
+        often the call had simply not started (the crash fell between two steps)."""
+        if effect.verify is None:
+            return None
+        with reusing_live_resources():
+            args, kwargs = load_payload(args_blob)
+        intent = Intent(effect.name, args, kwargs, key, attempt)
+        verified = self.run_sync_or_async(effect.verify, (intent,), {}, effect, key, attempt)
+        if verified is None:
+            return None
+        self.store.add_event(self.run_id, "in_doubt_verified",
+                             {"effect": effect.name, "key": key, "unrecorded": True}, epoch=self.epoch)
+        seq = self.store.append_intent(self.run_id, self.epoch, effect.name, args_blob,
+                                       idempotency_key=key, attempt=attempt)
+        return ("send", verified), completion_record(seq, ("send", verified), 0.0)
 
     def probe(
         self, effect: Effect, logged: LoggedCall, args: tuple[Any, ...], kwargs: dict[str, Any],

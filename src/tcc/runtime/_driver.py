@@ -126,6 +126,11 @@ class Driver:
         self._since_snapshot = 0
         self._steps_taken = 0  # journaled steps this process handled (for _KILL_AFTER)
         self._calls = 0
+        # A resumed run on a store whose intents are not durable on their own (PostgreSQL:
+        # the step's commit flushes them) cannot tell from the journal whether the first
+        # call it makes afresh had started before a crash of the server took its intent:
+        # that call is in doubt (its verify probe is asked).  Cleared by the first such step.
+        self.unrecorded_doubt = False
 
     @property
     def last_effect(self) -> str:
@@ -142,9 +147,13 @@ class Driver:
         calls: int = 0,
         replay: Iterable[LoggedCall] = (),
         waits: dict[str, int] | None = None,
+        resumed: bool = False,
     ) -> Outcome:
-        """Run ``coro`` to the end (or until it parks); record and return how it ended."""
+        """Run ``coro`` to the end (or until it parks); record and return how it ended.
+
+        ``resumed``: the run ran in another process before (a crash may lie behind it)."""
         self._calls = calls
+        self.unrecorded_doubt = resumed and not self.store.intents_durable
         self.waits = dict(waits or {})
         self.replay = Replay(self.run_id, replay)
         replaying = bool(self.replay)
@@ -231,6 +240,13 @@ class Driver:
         if request is None:  # a bare `yield` / asyncio.sleep(0): just continue
             return ("send", None)
         return ("throw", unsupported_await(request))
+
+    def fresh_call_in_doubt(self) -> bool:
+        """Is the journaled step about to be made afresh (not served from the journal)
+        possibly one whose intent a crash took?  True once per resume at most (see
+        ``unrecorded_doubt``); every fresh step clears it."""
+        doubt, self.unrecorded_doubt = self.unrecorded_doubt, False
+        return doubt
 
     def next_key(self) -> str:
         """The idempotency key of the run's next journaled call: ``RUN:k``."""

@@ -413,4 +413,4 @@ def resume(
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules)
-    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits)
+    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=True)

@@ -67,11 +67,17 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
         elif logged.outcome is not None and not should_retry(effect, logged):
             d.replayed += 1
             return logged.outcome
-        else:
-            outcome, completion = d.attempts.reissue(effect, logged)
+        else:  # in doubt, or a failed attempt to retry (whose next intent may be lost)
+            outcome, completion = d.attempts.reissue(
+                effect, logged, unrecorded=logged.outcome is not None and d.fresh_call_in_doubt())
+            d.unrecorded_doubt = False  # the intent in doubt, if any, was this call's
     else:
         args = _dump_args(d, effect, request)
-        outcome, completion = d.attempts.run_attempts(effect, args, key, 1)
+        found = d.attempts.probe_unrecorded(effect, args, key, 1) if d.fresh_call_in_doubt() else None
+        if found is not None:
+            outcome, completion = found
+        else:
+            outcome, completion = d.attempts.run_attempts(effect, args, key, 1)
     d.completed(coro, outcome, completion)
     return outcome
 
@@ -82,6 +88,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
     effects = [_effect(r.name) for r in subs]
     outcomes: list[Resumption | None] = [None] * len(subs)
     todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int]] = []
+    doubt = False  # the gather's fresh calls may have intents a crash took (all of them)
     for i, (req, eff) in enumerate(zip(subs, effects)):
         key = f"{base}.{i}"
         if d.replay:
@@ -93,7 +100,16 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
                 d.replayed += 1
                 continue
             args, kwargs = load_payload(logged.args)
-            if logged.outcome is None:  # in flight at a crash: in doubt, as in Attempts.reissue
+            if logged.outcome is not None:  # a failed attempt to retry: was its retry's intent lost?
+                doubt = doubt or d.fresh_call_in_doubt()
+                found = d.attempts.probe_unrecorded(eff, logged.args, key, logged.attempt + 1) \
+                    if doubt else None
+                if found is not None:
+                    outcomes[i] = found[0]
+                    d.store.append_completion(d.run_id, d.epoch, found[1])
+                    d.effects += 1
+                    continue
+            else:  # in flight at a crash: in doubt, as in Attempts.reissue
                 found = d.attempts.probe(eff, logged, args, kwargs)
                 if found is not None:
                     outcomes[i] = found[0]
@@ -103,6 +119,14 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
         else:
             blob = _dump_args(d, eff, req)
+            doubt = doubt or d.fresh_call_in_doubt()
+            if doubt:
+                found = d.attempts.probe_unrecorded(eff, blob, key, 1)
+                if found is not None:
+                    outcomes[i] = found[0]
+                    d.store.append_completion(d.run_id, d.epoch, found[1])
+                    d.effects += 1
+                    continue
             with reusing_live_resources():  # the recorded copy, as in Attempts.run_attempts
                 args, kwargs = load_payload(blob)
             todo.append((i, eff, args, kwargs, blob, key, 1))
@@ -184,7 +208,9 @@ def _journal_marker(d: Driver, name: str, args: Any) -> tuple[str, int | None, R
         if logged.outcome is not None:
             d.replayed += 1
             return key, logged.intent_seq, logged.outcome, load_payload(logged.args)
+        d.unrecorded_doubt = False
         return key, logged.intent_seq, None, load_payload(logged.args)
+    d.unrecorded_doubt = False  # a wait, sleep or spawn has nothing to verify: it is made again
     seq = d.store.append_intent(d.run_id, d.epoch, name, dump_payload(args), idempotency_key=key)
     return key, seq, None, args
 

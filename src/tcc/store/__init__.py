@@ -114,7 +114,7 @@ def open_store(
     max_map_size: int | None = None,
     key: bytes | str | None = None,
     key_file: str | os.PathLike[str] | None = None,
-    sync_intents: bool = True,
+    sync_intents: bool | None = None,
 ) -> Store:
     """Open (by default creating) the store at ``path`` for one tenant.
 
@@ -124,10 +124,12 @@ def open_store(
     "PostgreSQL store").  A PostgreSQL store needs its key: ``key``,
     ``key_file`` (a file of 64 hex digits, mode 0600), ``$TCC_STORE_KEY_FILE``
     or ``$TCC_STORE_KEY``; :func:`init_store` creates the schema and the key
-    file.  ``map_size`` and ``max_map_size`` apply to LMDB only; ``sync_intents=False``
-    (PostgreSQL only) lets an intent's commit skip its own WAL flush (the step's commit
-    flushes it): a flush less per step, but a server crash can lose the intent of the
-    effect in flight (README, "The PostgreSQL store").
+    file.  ``map_size`` and ``max_map_size`` apply to LMDB only.  ``sync_intents``
+    (PostgreSQL only; default False): whether an intent's commit waits for its own WAL
+    flush.  By default it does not, and the step's commit that follows flushes both: one
+    flush per step, and a *server* crash can take the intent of the call in flight with
+    it, so a resumed run asks the ``verify`` probe of the first call it makes afresh
+    (:attr:`Store.intents_durable`; README, "The PostgreSQL store").
 
     ``durability`` (one of :data:`DURABILITIES`) is ``"sync"`` (fsync every commit), ``"group"``
     (concurrent commits share one fsync; same guarantee as sync) or
@@ -171,7 +173,7 @@ def open_store(
         from ._postgres import PgStore
 
         return PgStore(raw, tenant=tenant, durability=durability, create=create, keep=keep,
-                       key=store_key, sync_intents=sync_intents)
+                       key=store_key, sync_intents=bool(sync_intents))
     where = raw and os.path.abspath(raw) or default_path()
     return LmdbStore(where, tenant=tenant, durability=durability, create=create, keep=keep,
                      map_size=map_size, max_map_size=max_map_size, key=store_key)

@@ -218,6 +218,20 @@ class Store(Protocol):
         """The tenant every call is scoped to."""
         ...
 
+    @property
+    def intents_durable(self) -> bool:
+        """Does :meth:`append_intent` wait until its intent would survive a crash of the
+        machine (or database server), as every other write does?
+
+        False where an intent's commit is made durable by the run's next durable commit
+        instead (one flush per step, not two): a machine crash between the two can then
+        lose the intent of the call in flight, and the runtime treats the first call a
+        resumed run makes afresh as in doubt (asks its ``verify`` probe), since the
+        journal cannot say whether that call started.  A process crash never loses an
+        intent.
+        """
+        ...
+
     # runs ------------------------------------------------------------------
     def create_run(
         self,

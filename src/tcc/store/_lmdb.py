@@ -70,6 +70,12 @@ class LmdbStore:
         return self._scope.tenant
 
     @property
+    def intents_durable(self) -> bool:
+        """Always True: every LMDB commit, an intent's too, is as durable as the store's
+        durability mode makes it."""
+        return True
+
+    @property
     def durability(self) -> str:
         """``sync``, ``group`` or ``none`` (see :data:`~tcc.store.DURABILITIES`)."""
         return self._scope.env.durability

@@ -18,18 +18,22 @@ record sealed with another key fails its MAC and is never unpickled.  Chunks
 are addressed by a keyed hash of their content, so the snapshot record's MAC
 covers them too.
 
-**A step is two round trips**: the intent (``tcc.append_intent``, fenced,
-before the effect runs) and the step's commit.  :meth:`PgStore.checkpoint`
-cuts the payload by content (``_chunks``), sends only the chunks the run's
-previous snapshot does not already reference, and calls ``tcc.commit_step``
-once: fence, completion, consumed signal, chunks, snapshot and retention
-commit together or not at all.  Each waits for its WAL flush; with
-``sync_intents=False`` an intent does not wait for its own (the step's commit
-flushes it), which saves a flush per step but lets a *server* crash lose the
-intent of the effect in flight: that call is then issued again from the
-snapshot, not recognised as in doubt (its verify probe is not asked).  The caller seals each record for the journal position and
-snapshot number it expects; the function refuses (``TC002``) if the run
-moved, and the handle re-reads and retries once.
+**A step is two round trips and one WAL flush**: the intent
+(``tcc.append_intent``, fenced, before the effect runs) and the step's commit.
+:meth:`PgStore.checkpoint` cuts the payload by content (``_chunks``), sends only
+the chunks the run's previous snapshot does not already reference, and calls
+``tcc.commit_step`` once: fence, completion, consumed signal, chunks, snapshot
+and retention commit together or not at all, and wait for their WAL flush.  The
+intent does not wait for its own (``synchronous_commit`` off for that
+transaction): a crashed *client* never loses it (the server has it), and the
+step's commit, later in the same log, flushes it.  Only a crash of the *server*
+between the two can lose it, together with the fact that the call started: a
+resumed run therefore treats the first call it makes afresh as in doubt and asks
+its ``verify`` probe (``intents_durable`` is False).  ``sync_intents=True``
+makes an intent wait for its own flush (two flushes per step).  The caller
+seals each record for the journal position and snapshot number it expects; the
+function refuses (``TC002``) if the run moved, and the handle re-reads and
+retries once.
 
 **Connections.**  A ``psycopg_pool`` pool of autocommit connections.  A lost
 connection is a :class:`~tcc.errors.StoreConnectionError`: reads are retried
@@ -193,7 +197,7 @@ class PgStore:
         keep: int = 3,
         key: StoreKey | None = None,
         pool_size: int = 4,
-        sync_intents: bool = True,
+        sync_intents: bool = False,
     ) -> None:
         if not is_postgres_url(url):
             raise UsageError(f"not a PostgreSQL URL: {url!r} (postgresql://USER@HOST:PORT/DB)")
@@ -253,6 +257,13 @@ class PgStore:
     @property
     def durability(self) -> str:
         return self._durability
+
+    @property
+    def intents_durable(self) -> bool:
+        """False unless opened with ``sync_intents=True``: an intent's commit does not wait
+        for its WAL flush, and the step's commit that follows it flushes both (see the
+        module docstring).  True with durability ``none``, where no commit waits."""
+        return self._sync_intents or self._durability == "none"
 
     @property
     def encrypted(self) -> bool:
