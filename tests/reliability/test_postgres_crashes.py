@@ -675,6 +675,41 @@ def test_server_crash_that_takes_an_intent_leaves_the_call_in_doubt(tmp_path, ve
         assert problems == []
 
 
+@pytest.mark.timeout(120)
+def test_gathered_calls_whose_intents_were_lost_are_all_in_doubt(tmp_path, pg_dsn):
+    """A server crash can take every intent of a tcc.gather (none waited for its flush).
+    The state such a crash leaves is made exactly, with SQL, after a process crash: the
+    gather's intent rows gone and the run's journal length back before them.  On resume,
+    every gathered call is asked its verify probe: none runs twice."""
+    import psycopg
+
+    pg = make_pg_store(pg_dsn, tmp_path)
+    ledger = tmp_path / "ledger.txt"
+    cli = PgCli(tmp_path, pg, LEDGER=str(ledger), DIE_ON="b")
+    agent = str(AGENTS / "gather_verify_agent.py")
+    died = cli.run("run", "--run-id", "g", agent)
+    assert died.returncode == -9, died.stderr  # SIGKILLed by the effect, after its line
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        rows = conn.execute("SELECT seq FROM tcc.journal WHERE run_id = 'g' ORDER BY seq").fetchall()
+        first = len(rows) - 2  # the gather's two intents follow the first call's records
+        conn.execute("DELETE FROM tcc.journal WHERE run_id = 'g' AND seq >= %s", (first,))
+        conn.execute("UPDATE tcc.runs SET journal_len = %s WHERE run_id = 'g'", (first,))
+    with pg.open(create=False) as store:
+        assert [r.idempotency_key for r in store.journal("g") if r.kind == "intent"] == ["g:1"]
+    resumed = cli.run("resume", "--json", "g")
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout.strip().splitlines()[-1])["result"]
+    lines = ledger.read_text().splitlines()
+    keys = [ln.partition(" ")[0] for ln in lines]
+    assert sorted(keys) == ["g:1", "g:2.0", "g:2.1"], lines  # each call ran once
+    assert result[0] == "solo" and result[2] == "b (found)", result
+    assert result[1] in ("a", "a (found)"), result  # "a" may not have run before the kill
+    with pg.open(create=False) as store:
+        verified = [e.data for e in store.events("g") if e.kind == "in_doubt_verified"]
+    assert {"effect": "gv:write", "key": "g:2.1", "unrecorded": True} in verified
+    assert len(verified) == 1 + (result[1] == "a (found)")
+
+
 def test_unreachable_server_is_one_line(tmp_path, pg_dsn):
     """A store whose server does not answer: `tcc ls` fails with one `cannot connect` line."""
     import socket
