@@ -41,7 +41,7 @@ import traceback
 from typing import Any
 
 from benchmarks.peers import _agent, _harness, pg_peers, pg_server, pg_tcc
-from benchmarks.recovery import WORK_MS, work_iters
+from benchmarks.recovery import WORK_MS, compile_bytecode, work_iters
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: {why}; no numbers")
     started = time.time()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="tcc-pg-bench-") as tmp, pg_server.server(args.dsn, log) as srv:
         work = pathlib.Path(tmp)
         os.chmod(work, 0o700)

@@ -586,30 +586,33 @@ class PgStore:
                  "owner_pid = %s, lease_expiry = now() + make_interval(secs => %s), "
                  "updated = now() WHERE tenant = %s AND run_id = %s {cond} RETURNING *), "
                  "e AS (INSERT INTO tcc.events (tenant, run_id, record) SELECT tenant, run_id, %s "
-                 f"FROM u) SELECT {self._RUN_COLS} FROM u")
+                 f"FROM u) SELECT {self._RUN_COLS}, journal_len, snapshots_made FROM u")
         params = (HOST, os.getpid(), float(lease), self.tenant, rid.decode())
 
-        def optimistic(conn: Any) -> RunInfo | None:
+        def optimistic(conn: Any) -> tuple[Any, ...] | None:
             # two round trips: read, then claim the row version that was read (xmin), with
             # its event, in one statement; None if the run changed in between
             row = self._load_run(conn, rid)
             event = decide(row)
             got = conn.execute(claim.format(cond="AND xmin = %s::text::xid"),
                                (*params, row[-1], event)).fetchone()
-            return None if got is None else self._info(tuple(got))
+            return None if got is None else tuple(got)
 
-        def locked(conn: Any) -> RunInfo:
+        def locked(conn: Any) -> tuple[Any, ...]:
             row = self._load_run(conn, rid, lock=True)
             event = decide(row)
-            return self._info(tuple(conn.execute(claim.format(cond=""), (*params, event)).fetchone()))
+            return tuple(conn.execute(claim.format(cond=""), (*params, event)).fetchone())
 
-        try:
-            info = self._tx(optimistic, f"claiming run {run_id!r}", transaction=False)
-            if info is None:  # its owner wrote meanwhile: decide again, holding the row's lock
-                info = self._tx(locked, f"claiming run {run_id!r}")
+        memo = _Memo()  # a new owner starts from the counts its claim saw (writers before it
+        try:            # are fenced now), and reads its snapshot base again
+            got = self._tx(optimistic, f"claiming run {run_id!r}", transaction=False)
+            if got is None:  # its owner wrote meanwhile: decide again, holding the row's lock
+                got = self._tx(locked, f"claiming run {run_id!r}")
+            info = self._info(got)
+            memo.jlen, memo.made = got[-2], got[-1]
         finally:
             with self._lock:
-                self._memos.pop(rid, None)  # a new owner reads its counts again
+                self._memos[rid] = memo
         return info
 
     def cancel_run(self, run_id: str, *, reason: str | None = None) -> RunInfo:
