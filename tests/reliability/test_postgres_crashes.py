@@ -710,6 +710,31 @@ def test_gathered_calls_whose_intents_were_lost_are_all_in_doubt(tmp_path, pg_ds
     assert len(verified) == 1 + (result[1] == "a (found)")
 
 
+@pytest.mark.timeout(120)
+def test_only_a_run_that_crashed_while_executing_asks_about_its_first_fresh_call(tmp_path, pg_dsn):
+    """A parked run recorded its status after its last call, so resuming it asks no probe;
+    a run whose process died while executing asks about the first call it makes afresh,
+    once."""
+    pg = make_pg_store(pg_dsn, tmp_path)
+    ledger = tmp_path / "ledger.txt"
+    cli = PgCli(tmp_path, pg, LEDGER=str(ledger))
+    agent = f"{AGENTS / 'wait_agent.py'}:gated_checked"
+    parked = cli.run("run", "--run-id", "p", agent, check=True)
+    assert "waiting" in parked.stdout + parked.stderr
+    cli.run("approve", "p", check=True)
+    done = cli.run("resume", "--json", "p", check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["result"] == [True, "did first", "did second"]
+    assert not ledger.exists(), ledger.read_text()  # the probe was never asked
+
+    parked = cli.run("run", "--run-id", "q", agent, check=True)
+    cli.run("approve", "q", check=True)
+    died = cli.run("resume", "q", DIE_AT="second")  # dies inside its second call
+    assert died.returncode == -9, died.stderr
+    done = cli.run("resume", "--json", "q", check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["result"] == [True, "did first", "did second"]
+    assert ledger.read_text().splitlines() == ["probe q:3"]  # the call in flight, once
+
+
 def test_unreachable_server_is_one_line(tmp_path, pg_dsn):
     """A store whose server does not answer: `tcc ls` fails with one `cannot connect` line."""
     import socket

@@ -151,7 +151,8 @@ class Driver:
     ) -> Outcome:
         """Run ``coro`` to the end (or until it parks); record and return how it ended.
 
-        ``resumed``: the run ran in another process before (a crash may lie behind it)."""
+        ``resumed``: the run was executing in another process that went away (a crash may
+        lie behind it, and with it a lost intent: see ``unrecorded_doubt``)."""
         self._calls = calls
         self.unrecorded_doubt = resumed and not self.store.intents_durable
         self.waits = dict(waits or {})

@@ -368,6 +368,9 @@ def resume(
     func = _scripts.resolve(run.entry)
     if is_sync(func):
         strategy = "replay"
+    # Only a run that was executing when its owner went away can have lost the intent of
+    # a call in flight; a parked or failed run recorded its status after its last call.
+    crashed = run.status == "running"
     try:
         run = store.claim_run(run_id, lease=lease, steal=steal)
     except errors.FencedError:
@@ -413,4 +416,4 @@ def resume(
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules)
-    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=True)
+    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed)

@@ -17,6 +17,29 @@ def act(what):
     return f"did {what}"
 
 
+def _asked(intent):
+    """A verify probe that only notes that it was asked (and finds nothing)."""
+    if LEDGER:
+        with open(LEDGER, "a") as fh:
+            fh.write(f"probe {intent.idempotency_key}\n")
+    return None
+
+
+def _checked(what):
+    if os.environ.get("DIE_AT") == what:
+        os.kill(os.getpid(), 9)
+    return f"did {what}"
+
+
+probed = tcc.effect(_checked, name="wait_agent:probed", verify=_asked)
+
+
+async def gated_checked():
+    """An approval, then two calls of an effect with a verify probe."""
+    ok = await tcc.approval("Go?")
+    return [ok, await probed("first"), await probed("second")]
+
+
 async def gated():
     before = await act("prepare")
     ok = await tcc.approval("Deploy to prod?")
