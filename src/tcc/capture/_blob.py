@@ -6,13 +6,21 @@ Layout (all integers big-endian)::
     version    u16       FORMAT_VERSION
     taglen     u8        length of the interpreter tag
     tag        taglen    e.g. b"cpython-312|cb0d0d0a|O0"
-    flags      u8        bit 0: payload is zstandard-compressed
+    flags      u8        bit 0: payload is zstandard-compressed;
+                         bit 1: *stored*, the digest is left out (zero)
     digest     16 bytes  BLAKE2b-128 of the payload bytes as stored
     payload    rest      the pickle (compressed if flag bit 0)
 
 The digest is checked before decompression and before anything is unpickled,
 so a damaged blob is always refused and never reaches the pickle machine.  It
 is an integrity check, not authentication: the store adds a keyed MAC.
+
+A snapshot the runtime hands to a store is sealed ``stored=True``: the store
+authenticates every byte of it (MACs over its record and keyed addresses over
+its chunks) before returning it, so a digest of its own would only be a second
+pass over the whole state at every step.  Such a blob is read only by a caller
+that says its bytes were authenticated (``unseal(..., authenticated=True)``);
+:func:`tcc.loads` and any other reader refuse it.
 
 Decompression is bounded: a payload inflates to at most :func:`max_payload`
 bytes (``$TCC_MAX_SNAPSHOT_SIZE``, default 256 MiB).  A frame that declares a
@@ -39,6 +47,8 @@ from .. import errors
 MAGIC = b"TCC\x00"
 FORMAT_VERSION = 1
 FLAG_ZSTD = 0x01
+FLAG_STORED = 0x02
+_NO_DIGEST = bytes(16)
 _FIXED = struct.Struct(">4sHB")
 _DIGEST = 16
 
@@ -83,9 +93,13 @@ _cctx: dict[int, zstandard.ZstdCompressor] = {}
 _dctx = zstandard.ZstdDecompressor()
 
 
-def seal(payload: bytes, *, level: int = 3, compress: bool = True) -> bytes:
-    """Wrap a pickle payload into a snapshot blob."""
-    flags = 0
+def seal(payload: bytes, *, level: int = 3, compress: bool = True, stored: bool = False) -> bytes:
+    """Wrap a pickle payload into a snapshot blob.
+
+    ``stored``: the blob goes to a tcc store, which authenticates it, and carries no
+    digest of its own (see the module docstring); only ``unseal(..., authenticated=True)``
+    reads it."""
+    flags = FLAG_STORED if stored else 0
     if compress:
         limit = max_payload()
         if len(payload) > limit:
@@ -98,14 +112,17 @@ def seal(payload: bytes, *, level: int = 3, compress: bool = True) -> bytes:
             cctx = _cctx[level] = zstandard.ZstdCompressor(level=level, write_checksum=True)
         payload = cctx.compress(payload)
         flags |= FLAG_ZSTD
-    digest = hashlib.blake2b(payload, digest_size=_DIGEST).digest()
+    digest = _NO_DIGEST if stored else hashlib.blake2b(payload, digest_size=_DIGEST).digest()
     return b"".join(
         (_FIXED.pack(MAGIC, FORMAT_VERSION, len(_TAG)), _TAG, bytes((flags,)), digest, payload)
     )
 
 
-def unseal(blob: bytes | bytearray | memoryview) -> bytes:
-    """Check a snapshot blob's envelope and return the pickle payload."""
+def unseal(blob: bytes | bytearray | memoryview, *, authenticated: bool = False) -> bytes:
+    """Check a snapshot blob's envelope and return the pickle payload.
+
+    ``authenticated``: the caller has verified every byte of ``blob`` (a store returned
+    it), so a blob sealed ``stored=True``, which has no digest, is accepted too."""
     view = memoryview(blob)
     if len(view) < _FIXED.size:
         raise errors.CorruptSnapshotError(
@@ -135,10 +152,18 @@ def unseal(blob: bytes | bytearray | memoryview) -> bytes:
     flags = view[pos + taglen]
     digest = bytes(view[pos + taglen + 1 : end])
     payload = view[end:]
-    if hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
-        raise errors.CorruptSnapshotError("snapshot payload fails its integrity check")
-    if flags & ~FLAG_ZSTD:
+    if flags & ~(FLAG_ZSTD | FLAG_STORED):
         raise errors.CorruptSnapshotError(f"unknown snapshot flags 0x{flags:02x}")
+    if flags & FLAG_STORED:
+        if not authenticated:
+            raise errors.CorruptSnapshotError(
+                "this snapshot has no digest of its own: it was written into a tcc store, which "
+                "authenticates it, and is read only from there (tcc.loads reads what tcc.dumps "
+                "wrote)")
+        if digest != _NO_DIGEST:
+            raise errors.CorruptSnapshotError("snapshot envelope is damaged (a stored blob with a digest)")
+    elif hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
+        raise errors.CorruptSnapshotError("snapshot payload fails its integrity check")
     if flags & FLAG_ZSTD:
         try:
             return _inflate(payload, max_payload())

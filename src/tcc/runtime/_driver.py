@@ -303,7 +303,7 @@ class Driver:
         try:
             state = RunState(coro, resumption, self._calls, self.waits, module_state)
             try:
-                payload = seal(dump_payload(pack_state(state)), compress=False)
+                payload = seal(dump_payload(pack_state(state)), compress=False, stored=True)
             except errors.CaptureError:
                 released = self.modules.release_mutated(module_state) if self.modules else []
                 if not released:
@@ -311,7 +311,8 @@ class Driver:
                 self.store.add_event(self.run_id, "module_state_released", {"globals": released},
                                      epoch=self.epoch)
                 module_state = self.modules.capture() if self.modules is not None else {}
-                payload = seal(dump_payload(pack_state(state._replace(module_state=module_state))), compress=False)
+                payload = seal(dump_payload(pack_state(state._replace(module_state=module_state))), compress=False,
+                               stored=True)
         except errors.CaptureError as exc:
             if completion is not None:
                 self.store.append_completion(self.run_id, self.epoch, completion)

@@ -182,11 +182,12 @@ def fork(
             if sets:
                 _setter(sets, answering)(root, records)
 
-        state = unpack_state(load_payload(unseal(payload), edit=edit if sets or answering else None), run_id, number)
+        state = unpack_state(load_payload(unseal(payload, authenticated=True), edit=edit if sets or answering else None), run_id, number)
         if answering:
             state = _answered(state, answer, kinds[0] if kinds else ("", None), run_id, at)
         if sets or answering:
-            store.checkpoint(child.run_id, child.epoch, seal(dump_payload(pack_state(state)), compress=False))
+            store.checkpoint(child.run_id, child.epoch, seal(dump_payload(pack_state(state)), compress=False,
+                                                                    stored=True))
         if state.resumption[0] == "request" and isinstance(state.resumption[1], WaitRequest):
             req = state.resumption[1]  # the fork waits for its own answer
             store.add_event(child.run_id, "wait", {"id": req.wait_id, "name": req.name,

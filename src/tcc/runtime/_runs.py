@@ -388,7 +388,7 @@ def resume(
     if snapshot is not None:
         info, payload = snapshot
         try:
-            stored = load_payload(unseal(payload))
+            stored = load_payload(unseal(payload, authenticated=True))  # the store verified it
         except errors.RestoreError as exc:
             raise type(exc)(
                 f"run {run_id}: snapshot {info.number} cannot be restored: {exc} ({REPLAY_HINT} "

@@ -278,7 +278,7 @@ def snapshot_state(store: Store, run_id: str, at: int | None = None, *,
     """
     run = store.get_run(run_id)
     info, blob, numbers, notes = _pick_snapshot(store, run_id, at)
-    payload = unseal(blob)
+    payload = unseal(blob, authenticated=True)
     stored: Any = None
     loaded_unsafe = False
     if unsafe:
