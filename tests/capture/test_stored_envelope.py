@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import tcc
-from tcc.capture import _blob, dump_payload, load_payload, unseal
+from tcc.capture import _blob, dump_payload, dump_stored, load_payload, unseal
 from tcc.errors import CorruptSnapshotError
 
 
@@ -26,6 +26,14 @@ def test_a_stored_blob_has_no_digest_and_reads_back_when_authenticated() -> None
     flags, digest = _flags_and_digest(blob)
     assert flags == _blob.FLAG_STORED and digest == bytes(16)
     assert unseal(blob, authenticated=True) == payload
+    assert load_payload(unseal(blob, authenticated=True)) == state
+
+
+def test_dump_stored_is_the_stored_seal_of_the_pickle_without_a_copy() -> None:
+    state = {"transcript": [f"message {i}" for i in range(500)], "nested": {"a": [1, 2.5, None]}}
+    blob = dump_stored(state)
+    assert blob == _blob.seal(dump_payload(state), compress=False, stored=True)
+    assert blob.startswith(_blob.stored_header())
     assert load_payload(unseal(blob, authenticated=True)) == state
 
 

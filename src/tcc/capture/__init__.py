@@ -8,6 +8,7 @@ This package knows nothing about stores or runtimes.
 """
 
 from ._api import dump_payload as dump_payload
+from ._api import dump_stored as dump_stored
 from ._api import dumps as dumps
 from ._api import load_payload as load_payload
 from ._api import loads as loads
@@ -43,6 +44,7 @@ __all__ = [
     "code_line",
     "code_of",
     "dump_payload",
+    "dump_stored",
     "dumps",
     "fingerprint",
     "frame_view",

@@ -37,7 +37,22 @@ def _new_pickler(buf: io.BytesIO) -> Pickler:
 
 def dump_payload(obj: Any) -> bytes:
     """Pickle ``obj`` (uncompressed, no envelope). Raises CaptureError."""
+    return _dump(obj, b"")
+
+
+def dump_stored(obj: Any) -> bytes:
+    """``seal(dump_payload(obj), compress=False, stored=True)`` without copying the pickle
+    (the envelope's header is written first, then the pickle after it): the blob the
+    runtime hands to a store as a snapshot.  Raises CaptureError."""
+    return _dump(obj, _STORED_HEADER)
+
+
+_STORED_HEADER = _blob.stored_header()
+
+
+def _dump(obj: Any, prefix: bytes) -> bytes:
     buf = io.BytesIO()
+    buf.write(prefix)
     try:
         with _deep_recursion():
             _new_pickler(buf).dump(obj)

@@ -118,6 +118,12 @@ def seal(payload: bytes, *, level: int = 3, compress: bool = True, stored: bool 
     )
 
 
+def stored_header() -> bytes:
+    """The envelope header of an uncompressed blob sealed ``stored=True``: it does not
+    depend on the payload, so a pickle can be written right after it (no copy)."""
+    return _FIXED.pack(MAGIC, FORMAT_VERSION, len(_TAG)) + _TAG + bytes((FLAG_STORED,)) + _NO_DIGEST
+
+
 def unseal(blob: bytes | bytearray | memoryview, *, authenticated: bool = False) -> bytes:
     """Check a snapshot blob's envelope and return the pickle payload.
 

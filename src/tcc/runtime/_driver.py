@@ -42,7 +42,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from .. import errors
-from ..capture import dump_payload, seal
+from ..capture import dump_stored
 from ..effects import (CheckpointRequest, EffectRequest, GatherRequest, SleepRequest, SpawnRequest,
                        WaitRequest, step_agent, unawaited)
 from ..store import Completion, Store
@@ -303,7 +303,7 @@ class Driver:
         try:
             state = RunState(coro, resumption, self._calls, self.waits, module_state)
             try:
-                payload = seal(dump_payload(pack_state(state)), compress=False, stored=True)
+                payload = dump_stored(pack_state(state))
             except errors.CaptureError:
                 released = self.modules.release_mutated(module_state) if self.modules else []
                 if not released:
@@ -311,8 +311,7 @@ class Driver:
                 self.store.add_event(self.run_id, "module_state_released", {"globals": released},
                                      epoch=self.epoch)
                 module_state = self.modules.capture() if self.modules is not None else {}
-                payload = seal(dump_payload(pack_state(state._replace(module_state=module_state))), compress=False,
-                               stored=True)
+                payload = dump_stored(pack_state(state._replace(module_state=module_state)))
         except errors.CaptureError as exc:
             if completion is not None:
                 self.store.append_completion(self.run_id, self.epoch, completion)

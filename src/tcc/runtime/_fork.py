@@ -14,7 +14,7 @@ import types
 from typing import Any
 
 from .. import errors
-from ..capture import code_of, dump_payload, load_payload, seal, slot_names, unseal
+from ..capture import code_of, dump_stored, load_payload, slot_names, unseal
 from ..effects import WaitRequest
 from ..store import RunInfo, Store
 from . import _scripts
@@ -186,8 +186,7 @@ def fork(
         if answering:
             state = _answered(state, answer, kinds[0] if kinds else ("", None), run_id, at)
         if sets or answering:
-            store.checkpoint(child.run_id, child.epoch, seal(dump_payload(pack_state(state)), compress=False,
-                                                                    stored=True))
+            store.checkpoint(child.run_id, child.epoch, dump_stored(pack_state(state)))
         if state.resumption[0] == "request" and isinstance(state.resumption[1], WaitRequest):
             req = state.resumption[1]  # the fork waits for its own answer
             store.add_event(child.run_id, "wait", {"id": req.wait_id, "name": req.name,
