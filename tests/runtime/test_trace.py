@@ -43,3 +43,29 @@ def test_run_effect_and_checkpoint_spans_and_resume_link(tmp_path):
     assert len(second.links) == 1
     assert second.links[0].context.trace_id == first.context.trace_id
     assert second.links[0].context.span_id == first.context.span_id
+
+
+def test_without_a_configured_provider_tcc_does_not_even_import_opentelemetry(tmp_path):
+    """A process that configured no tracing pays nothing for it: a run neither imports
+    OpenTelemetry (an application that traces has imported it already) nor reads its
+    events for links, and records no ``trace`` event."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "agent.py"
+    script.write_text("import tcc\n\n@tcc.effect\ndef one():\n    return 1\n\n"
+                      "async def main():\n    return await one()\n")
+    code = (
+        "import sys\n"
+        "from tcc import runtime\n"
+        "from tcc.store import open_store\n"
+        f"with open_store({str(tmp_path / 'store')!r}) as store:\n"
+        f"    out = runtime.start(store, {str(script)!r}, [], run_id='quiet')\n"
+        "    kinds = [e.kind for e in store.events('quiet')]\n"
+        "print(out.status, out.result, 'trace' in kinds, 'opentelemetry.trace' in sys.modules)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["completed", "1", "False", "False"]
