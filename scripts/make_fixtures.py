@@ -497,7 +497,7 @@ def _run_state(store_path: str) -> dict[str, Any]:
     load_script(str(RUN_AGENT_PATH))  # the snapshot names its functions by this module
     with open_store(store_path, create=False) as store:
         info = store.snapshots(RUN_ID)[-1]
-        stored = load_payload(unseal(store.load_snapshot(RUN_ID, info.number)))
+        stored = load_payload(unseal(store.load_snapshot(RUN_ID, info.number), authenticated=True))
         run = store.get_run(RUN_ID)
         pending = sorted(store.pending_signals(RUN_ID))
     tag, version, coro, resumption, calls, *rest = stored

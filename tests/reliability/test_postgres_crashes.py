@@ -735,6 +735,84 @@ def test_only_a_run_that_crashed_while_executing_asks_about_its_first_fresh_call
     assert ledger.read_text().splitlines() == ["probe q:3"]  # the call in flight, once
 
 
+def _lose_last_intent(pg: PgStore, run_id: str) -> str:
+    """Make the state a server crash leaves when it takes the run's last intent (with SQL,
+    after a process crash): that intent row gone, the journal length back before it.
+    Returns the lost intent's call key."""
+    import psycopg
+
+    with pg.open(create=False) as store:
+        journal = store.journal(run_id)
+    last = journal[-1]
+    assert last.kind == "intent", journal
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute("DELETE FROM tcc.journal WHERE run_id = %s AND seq = %s", (run_id, last.seq))
+        conn.execute("UPDATE tcc.runs SET journal_len = %s WHERE run_id = %s", (last.seq, run_id))
+    return last.idempotency_key or ""
+
+
+def _ledger(path: pathlib.Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.timeout(120)
+def test_a_replayed_gather_retry_does_not_use_up_the_doubt(tmp_path, pg_dsn):
+    """A gathered call that failed with a retry left runs again when the gather is
+    replayed, though the crashed run never retried it; the call whose intent was lost is
+    the one after the gather, and it is the one asked about."""
+    pg = make_pg_store(pg_dsn, tmp_path)
+    ledger = tmp_path / "ledger.txt"
+    cli = PgCli(tmp_path, pg, LEDGER=str(ledger), DIE_ON="e")
+    agent = f"{AGENTS / 'doubt_agent.py'}:gather_then"
+    died = cli.run("run", "--run-id", "gt", agent)
+    assert died.returncode == -9, died.stderr
+    assert _lose_last_intent(pg, "gt") == "gt:2"
+    done = cli.run("resume", "--json", "gt", check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["result"] == "e (found)"
+    assert sorted(_ledger(ledger)) == ["gt:1.0 f", "gt:2 e"]  # e ran once
+
+
+@pytest.mark.timeout(120)
+def test_an_attempt_of_tcc_retry_whose_intent_was_lost_is_asked_about(tmp_path, pg_dsn):
+    """`tcc retry` issues a new attempt of the failed call; a server crash takes its intent
+    and the process dies: the next `tcc resume` asks the probe about that attempt instead
+    of serving the old failure (and a second retry would run the effect again)."""
+    pg = make_pg_store(pg_dsn, tmp_path)
+    ledger, fail = tmp_path / "ledger.txt", tmp_path / "fail"
+    fail.touch()
+    cli = PgCli(tmp_path, pg, LEDGER=str(ledger), FAIL=str(fail))
+    agent = f"{AGENTS / 'doubt_agent.py'}:flaky_once"
+    failed = cli.run("run", "--run-id", "fr", agent)
+    assert failed.returncode != 0 and "h failed" in failed.stdout + failed.stderr
+    fail.unlink()
+    died = cli.run("retry", "fr", DIE_ON="h")
+    assert died.returncode == -9, died.stderr
+    assert _lose_last_intent(pg, "fr") == "fr:1"
+    done = cli.run("resume", "--json", "fr", check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["result"] == "h (found)"
+    assert _ledger(ledger) == ["fr:1 h", "fr:1 h"]  # the failed attempt and the retried one
+
+
+@pytest.mark.timeout(120)
+def test_a_fork_that_never_ran_asks_no_probe(tmp_path, pg_dsn):
+    """A fork is created `running` but has issued nothing of its own: its first resume
+    asks no probe (one that matched on arguments could hand it the parent's answer)."""
+    pg = make_pg_store(pg_dsn, tmp_path)
+    ledger = tmp_path / "ledger.txt"
+    cli = PgCli(tmp_path, pg, LEDGER=str(ledger))
+    agent = f"{AGENTS / 'wait_agent.py'}:gated_checked"
+    cli.run("run", "--run-id", "src", agent, check=True)
+    cli.run("approve", "src", check=True)
+    cli.run("resume", "src", check=True)
+    assert _ledger(ledger) == []
+    with pg.open(create=False) as store:
+        numbers = [s.number for s in store.snapshots("src")]
+    cli.run("fork", "src", "--at", str(numbers[-2]), "--run-id", "fk", check=True)
+    done = cli.run("resume", "--json", "fk", check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["result"] == [True, "did first", "did second"]
+    assert _ledger(ledger) == []  # no probe asked
+
+
 def test_unreachable_server_is_one_line(tmp_path, pg_dsn):
     """A store whose server does not answer: `tcc ls` fails with one `cannot connect` line."""
     import socket

@@ -203,7 +203,7 @@ def test_run_state_as_the_reader_unpacks_it(agent: Path, tmp_path: Path) -> None
     with open_store(path, create=False) as store:
         run = store.get_run(run_id)
         info = store.snapshots(run_id)[-1]
-        stored = load_payload(unseal(store.load_snapshot(run_id, info.number)))
+        stored = load_payload(unseal(store.load_snapshot(run_id, info.number), authenticated=True))
         pending = sorted(store.pending_signals(run_id))
     assert {"entry": run.entry, "args": json.loads(run.args), "status": run.status,
             "epoch": run.epoch, "strategy": run.strategy} == want["run"]

@@ -243,6 +243,22 @@ def test_retry_issues_the_failed_call_again_after_an_outage(tmp_path):
     assert proc.returncode == 2 and "not failed" in proc.stderr
 
 
+def test_a_retry_killed_while_its_attempt_ran_is_resumed_in_doubt(tmp_path):
+    """`tcc retry` killed while its new attempt ran: `tcc resume` issues that attempt again
+    in doubt (its verify probe finds it) instead of throwing the old failure from the
+    snapshot, which reported the run failed although the effect had succeeded."""
+    ledger, fail = tmp_path / "ledger", tmp_path / "fail"
+    fail.touch()
+    agent = f"{AGENTS / 'doubt_agent.py'}:flaky_once"
+    cli = Cli(tmp_path, LEDGER=str(ledger), FAIL=str(fail))
+    assert cli.run("run", "--run-id", "fr", agent).returncode == 1
+    fail.unlink()
+    dying = Cli(tmp_path, LEDGER=str(ledger), FAIL=str(fail), DIE_ON="h")
+    assert dying.run("retry", "fr").returncode == -9
+    assert _result(cli.run("resume", "--json", "fr")) == "h (found)"
+    assert ledger.read_text().splitlines() == ["fr:1 h", "fr:1 h"]  # not run a third time
+
+
 def test_retry_refuses_a_run_that_failed_in_its_own_code(tmp_path):
     """A KeyError of the agent itself is not an effect call to retry."""
     cli = Cli(tmp_path)

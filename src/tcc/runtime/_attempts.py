@@ -167,18 +167,12 @@ class Attempts:
                 raise Parked("stopped", {"reason": "SIGTERM"})  # resumed, the retry runs then
             attempt += 1
 
-    def reissue(self, effect: Effect, logged: LoggedCall, *,
-                unrecorded: bool = False) -> tuple[Resumption, Completion]:
+    def reissue(self, effect: Effect, logged: LoggedCall) -> tuple[Resumption, Completion]:
         """A call that was in flight at a crash: verify, or run again as recorded.  Also a
-        call whose last attempt failed with retries left: its next attempt runs, after
-        asking the verify probe if ``unrecorded`` (that attempt's intent may be lost)."""
+        call whose last attempt failed with retries left: its next attempt runs."""
         if logged.outcome is None:
             args, kwargs = load_payload(logged.args)
             found = self.probe(effect, logged, args, kwargs)
-            if found is not None:
-                return found
-        elif unrecorded:
-            found = self.probe_unrecorded(effect, logged.args, logged.key, logged.attempt + 1)
             if found is not None:
                 return found
         return self.run_attempts(effect, logged.args, logged.key, logged.attempt + 1)

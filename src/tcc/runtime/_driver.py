@@ -131,6 +131,7 @@ class Driver:
         # call it makes afresh had started before a crash of the server took its intent:
         # that call is in doubt (its verify probe is asked).  Cleared by the first such step.
         self.unrecorded_doubt = False
+        self.retried: set[tuple[str, int]] = set()
 
     @property
     def last_effect(self) -> str:
@@ -148,13 +149,16 @@ class Driver:
         replay: Iterable[LoggedCall] = (),
         waits: dict[str, int] | None = None,
         resumed: bool = False,
+        retried: Iterable[tuple[str, int]] = (),
     ) -> Outcome:
         """Run ``coro`` to the end (or until it parks); record and return how it ended.
 
         ``resumed``: the run was executing in another process that went away (a crash may
-        lie behind it, and with it a lost intent: see ``unrecorded_doubt``)."""
+        lie behind it, and with it a lost intent: see ``unrecorded_doubt``).  ``retried``:
+        the attempts (call key, attempt) that ``tcc retry`` issued (``retried`` events)."""
         self._calls = calls
         self.unrecorded_doubt = resumed and not self.store.intents_durable
+        self.retried = set(retried)
         self.waits = dict(waits or {})
         self.replay = Replay(self.run_id, replay)
         replaying = bool(self.replay)
@@ -243,11 +247,20 @@ class Driver:
         return ("throw", unsupported_await(request))
 
     def fresh_call_in_doubt(self) -> bool:
-        """Is the journaled step about to be made afresh (not served from the journal)
-        possibly one whose intent a crash took?  True once per resume at most (see
-        ``unrecorded_doubt``); every fresh step clears it."""
-        doubt, self.unrecorded_doubt = self.unrecorded_doubt, False
-        return doubt
+        """May the attempt about to be issued be one whose intent a crash took?
+
+        Only an attempt past the end of the journal (nothing left to serve) can be: every
+        intent before the journal's last record was made durable by a later commit.  True
+        on a resumed run (see ``unrecorded_doubt``) until :meth:`past_the_journal` clears
+        it, once the step that issued the first attempts past that end has them journaled.
+        """
+        return self.unrecorded_doubt and not self.replay
+
+    def past_the_journal(self) -> None:
+        """The current step issued attempts past the end of the journal: from now on every
+        intent is this process's own (and later calls cannot have been lost)."""
+        if not self.replay:
+            self.unrecorded_doubt = False
 
     def next_key(self) -> str:
         """The idempotency key of the run's next journaled call: ``RUN:k``."""

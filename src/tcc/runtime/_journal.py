@@ -34,6 +34,8 @@ class LoggedCall:
     intent_seq: int
     outcome: Resumption | None = None
     retry: bool = False  # `tcc retry`: issue this failed call again, as a new attempt
+    # ... whose intent a crash of the store's server may have taken: ask the probe first
+    unrecorded: bool = False
 
 
 def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:

@@ -122,11 +122,20 @@ def _verify_func(entry: str, verify: str | None) -> Any:
     return func if callable(func) else None
 
 
-def _verify_name(store: Store, run_id: str) -> str | None:
+def _history(store: Store, run_id: str) -> tuple[str | None, bool, set[tuple[str, int]]]:
+    """From the run's events: its ``--verify`` function name; whether a process has
+    executed it yet (``started`` or ``resumed``: a fork that was never resumed has not);
+    and the attempts ``tcc retry`` issued, as (call key, attempt)."""
+    name, executed, retried = None, False, set()
     for event in store.events(run_id):
+        data = dict(event.data)
         if event.kind == "started":
-            return dict(event.data).get("verify")
-    return None
+            name = data.get("verify")
+        elif event.kind == "retried" and isinstance(data.get("key"), str) \
+                and isinstance(data.get("attempt"), int):
+            retried.add((data["key"], data["attempt"]))
+        executed = executed or event.kind in ("started", "resumed")
+    return name, executed, retried
 
 
 def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every: int, lease: float,
@@ -336,6 +345,35 @@ def _retry_plan(store: Store, run: RunInfo, resumption: Resumption, calls: int,
         f"{failing.name} ({failing.key}); it cannot be retried")
 
 
+def _interrupted_retry(store: Store, run_id: str, resumption: Resumption, calls: int,
+                       replay: list[LoggedCall], retried: set[tuple[str, int]],
+                       ) -> tuple[Resumption, int, list[LoggedCall]]:
+    """``resumption``, the call count and the journal to serve for a run whose ``tcc
+    retry`` was interrupted by a crash while its new attempt ran.
+
+    The snapshot was taken at the failed call, so resuming it would throw the old failure
+    into the agent again, though the new attempt may have run and succeeded.  The call is
+    issued again instead, as ``tcc retry`` does: from its open intent (in doubt: the verify
+    probe is asked, else it runs again), or, where a crash of the store's server took that
+    intent (``retried``: the attempts a ``retried`` event names), after asking the probe
+    about the attempt.  Anything else is left as it is."""
+    if any(c.key.rpartition(":")[2] != str(calls) for c in replay):
+        return resumption, calls, replay
+    journal = logged_calls(store.journal(run_id))
+    failing = journal[-1] if journal else None
+    if failing is None or failing.key.rpartition(":")[2] != str(calls) \
+            or failing.name in (WAIT_EFFECT, SLEEP_EFFECT, SPAWN_EFFECT):
+        return resumption, calls, replay
+    if failing.outcome is None:  # the retried attempt's intent is open
+        again = failing
+    elif failing.outcome[0] == "throw" and (failing.key, failing.attempt + 1) in retried:
+        again = dataclasses.replace(failing, retry=True, unrecorded=True)
+    else:
+        return resumption, calls, replay
+    args, kwargs = load_payload(failing.args)
+    return ("request", EffectRequest(failing.name, args, kwargs)), calls - 1, [again]
+
+
 def resume(
     store: Store,
     run_id: str,
@@ -369,7 +407,8 @@ def resume(
     if is_sync(func):
         strategy = "replay"
     # Only a run that was executing when its owner went away can have lost the intent of
-    # a call in flight; a parked or failed run recorded its status after its last call.
+    # a call in flight; a parked or failed run recorded its status after its last call,
+    # and a fork that was never resumed has issued nothing of its own.
     crashed = run.status == "running"
     try:
         run = store.claim_run(run_id, lease=lease, steal=steal)
@@ -382,6 +421,8 @@ def resume(
                 f"run {run_id} is already {status}; there is nothing to resume") from None
         raise
 
+    verify_name, executed, retried = _history(store, run_id)  # (before this resume's own event)
+    crashed = crashed and executed
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     # What the fresh import bound, before a snapshot's module-level data overwrites it.
     modules = ModuleState(_scripts.entry_module(run.entry)) if strategy != "replay" else None
@@ -409,11 +450,15 @@ def resume(
     replay = logged_calls(tail)
     if retry_failed:
         resumption, calls, replay = _retry_plan(store, run, resumption, calls, replay)
+    elif resumption[0] == "throw" and crashed:
+        resumption, calls, replay = _interrupted_retry(
+            store, run_id, resumption, calls, replay,
+            retried if not store.intents_durable else set())
     if run.status != "running":  # only once the state loaded: a refusal changes nothing
         run = store.set_status(run_id, run.epoch, "running", error=b"")  # a retried failure
-    verify_name = _verify_name(store, run_id)
     check = _verify_func(run.entry, verify_name) if verify_name else None
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules)
-    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed)
+    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed,
+                        retried=retried)

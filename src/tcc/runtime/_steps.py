@@ -57,7 +57,16 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
         logged = d.replay.take(key, request.name)
         d.replay.check_arguments(coro, logged, request.name, request.args, request.kwargs,
                                  lambda: _dump_args(d, effect, request))
-        if logged.retry:
+        # The journal's last call failed, and its next attempt was issued (by the effect's
+        # retries, or by a `tcc retry` that a crash interrupted): that attempt may have
+        # started before a crash took its intent.  (With its retries spent, the failure
+        # went to the agent instead.)
+        found = d.attempts.probe_unrecorded(effect, logged.args, key, logged.attempt + 1) \
+            if logged.outcome is not None and d.fresh_call_in_doubt() and (
+                logged.unrecorded or (not logged.retry and should_retry(effect, logged))) else None
+        if found is not None:
+            outcome, completion = found
+        elif logged.retry:
             d.store.add_event(d.run_id, "retried", {"effect": effect.name, "key": key,
                                                     "attempt": logged.attempt + 1},
                               epoch=d.epoch)
@@ -67,10 +76,8 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
         elif logged.outcome is not None and not should_retry(effect, logged):
             d.replayed += 1
             return logged.outcome
-        else:  # in doubt, or a failed attempt to retry (whose next intent may be lost)
-            outcome, completion = d.attempts.reissue(
-                effect, logged, unrecorded=logged.outcome is not None and d.fresh_call_in_doubt())
-            d.unrecorded_doubt = False  # the intent in doubt, if any, was this call's
+        else:  # in doubt, or a failed attempt to retry
+            outcome, completion = d.attempts.reissue(effect, logged)
     else:
         args = _dump_args(d, effect, request)
         found = d.attempts.probe_unrecorded(effect, args, key, 1) if d.fresh_call_in_doubt() else None
@@ -78,6 +85,7 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
             outcome, completion = found
         else:
             outcome, completion = d.attempts.run_attempts(effect, args, key, 1)
+    d.past_the_journal()
     d.completed(coro, outcome, completion)
     return outcome
 
@@ -88,7 +96,12 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
     effects = [_effect(r.name) for r in subs]
     outcomes: list[Resumption | None] = [None] * len(subs)
     todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int]] = []
-    doubt = False  # the gather's fresh calls may have intents a crash took (all of them)
+    # Past the end of the journal every call of the gather is in doubt (their intents were
+    # all written before any of them ran): fresh_call_in_doubt() holds until
+    # past_the_journal() below.  A failed gathered call with retries left runs again on
+    # replay, but a gather never retried it in the run that crashed, so that attempt is
+    # not one a crash could have taken (and does not use up the doubt).
+    issued = False  # a call past the journal's end, or one in flight there, was issued
     for i, (req, eff) in enumerate(zip(subs, effects)):
         key = f"{base}.{i}"
         if d.replay:
@@ -100,16 +113,8 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
                 d.replayed += 1
                 continue
             args, kwargs = load_payload(logged.args)
-            if logged.outcome is not None:  # a failed attempt to retry: was its retry's intent lost?
-                doubt = doubt or d.fresh_call_in_doubt()
-                found = d.attempts.probe_unrecorded(eff, logged.args, key, logged.attempt + 1) \
-                    if doubt else None
-                if found is not None:
-                    outcomes[i] = found[0]
-                    d.store.append_completion(d.run_id, d.epoch, found[1])
-                    d.effects += 1
-                    continue
-            else:  # in flight at a crash: in doubt, as in Attempts.reissue
+            if logged.outcome is None:  # in flight at a crash: in doubt, as in Attempts.reissue
+                issued = True
                 found = d.attempts.probe(eff, logged, args, kwargs)
                 if found is not None:
                     outcomes[i] = found[0]
@@ -119,8 +124,8 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
         else:
             blob = _dump_args(d, eff, req)
-            doubt = doubt or d.fresh_call_in_doubt()
-            if doubt:
+            issued = True
+            if d.fresh_call_in_doubt():
                 found = d.attempts.probe_unrecorded(eff, blob, key, 1)
                 if found is not None:
                     outcomes[i] = found[0]
@@ -130,6 +135,8 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             with reusing_live_resources():  # the recorded copy, as in Attempts.run_attempts
                 args, kwargs = load_payload(blob)
             todo.append((i, eff, args, kwargs, blob, key, 1))
+    if issued:
+        d.past_the_journal()
     if todo:
         seqs = [
             d.store.append_intent(
@@ -208,9 +215,9 @@ def _journal_marker(d: Driver, name: str, args: Any) -> tuple[str, int | None, R
         if logged.outcome is not None:
             d.replayed += 1
             return key, logged.intent_seq, logged.outcome, load_payload(logged.args)
-        d.unrecorded_doubt = False
+        d.past_the_journal()  # in flight: nothing after it can have been issued
         return key, logged.intent_seq, None, load_payload(logged.args)
-    d.unrecorded_doubt = False  # a wait, sleep or spawn has nothing to verify: it is made again
+    d.past_the_journal()  # a wait, sleep or spawn has nothing to verify: it is made again
     seq = d.store.append_intent(d.run_id, d.epoch, name, dump_payload(args), idempotency_key=key)
     return key, seq, None, args
 
