@@ -115,3 +115,15 @@ def test_without_the_postgres_extra_one_line_says_how(pg: PgStore, tmp_path: Pat
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert "pip install 'tcc[postgres]'" in lines[0], lines[0]
+
+
+def test_the_cli_loads_the_postgresql_store_only_for_a_url(tmp_path: Path) -> None:
+    """An LMDB user pays nothing for the PostgreSQL store: the CLI and ``tcc.store``
+    recognise and print URLs (``tcc.store._pgurl``) without importing it."""
+    code = ("import sys, tcc.cli._main, tcc.store\n"
+            "assert tcc.store.is_postgres_url('postgresql://u@h/d')\n"
+            "assert tcc.store.redact_url('postgresql://u:pw@h/d') == 'postgresql://u:***@h/d'\n"
+            "print(sorted(m for m in ('tcc.store._postgres', 'psycopg') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

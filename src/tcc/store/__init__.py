@@ -47,8 +47,8 @@ from ._api import Store as Store
 from ._api import StoreDamageWarning as StoreDamageWarning
 from ._codec import check_name as check_name
 from ._lmdb import LmdbStore as LmdbStore
-from ._postgres import is_postgres_url as is_postgres_url
-from ._postgres import redact as redact_url
+from ._pgurl import is_postgres_url as is_postgres_url
+from ._pgurl import redact as redact_url
 
 __all__ = [
     "DURABILITIES",

@@ -53,10 +53,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import threading
 import time
-import urllib.parse
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -91,33 +89,15 @@ from ._chunks import (
 from ._codec import Corrupt, Sealer, as_bytes, check_int, check_name, seq_key
 from ._crypt import Crypt, StoreKey, key_id
 from ._pgschema import CHUNK_LOCK, MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION
+from ._pgurl import is_postgres_url, redact
 
 __all__ = ["PgStore", "WrongKeyError", "is_postgres_url", "redact"]
 
 T = TypeVar("T")
 _S = TypeVar("_S", bound="PgStore")
-_URL = re.compile(r"(?i)postgres(ql)?://")
 _CHECK_LABEL = b"tcc postgresql store"
 _INSTALL = ("the PostgreSQL store needs psycopg 3 and psycopg-pool: "
             "pip install 'tcc[postgres]'")
-
-
-def is_postgres_url(where: object) -> bool:
-    """Whether ``where`` names a PostgreSQL store (``postgresql://`` or ``postgres://``)."""
-    return isinstance(where, str) and _URL.match(where) is not None
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (safe to print)."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "postgresql://…"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    user = parts.username or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def _psycopg() -> Any:
