@@ -127,3 +127,36 @@ def test_the_cli_loads_the_postgresql_store_only_for_a_url(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_server_that_came_back_without_an_intent_is_a_lost_connection(pg: PgStore) -> None:
+    """A server crash took the intent this handle wrote (it did not wait for its flush),
+    and the pool reconnected: the step's commit is refused as a lost connection (the run
+    stops, and resumes in doubt), not as a misuse ("record N is not an intent") that
+    would fail the run, and it writes nothing."""
+    from tcc.errors import StoreConnectionError
+
+    with pg.open() as store:
+        run = store.create_run("agent.py:main", run_id="r")
+        seq = store.append_intent("r", run.epoch, "llm", b"a", idempotency_key="r:1")
+        _sql(pg, "DELETE FROM tcc.journal WHERE run_id = 'r' AND seq = %s", seq)
+        _sql(pg, "UPDATE tcc.runs SET journal_len = %s WHERE run_id = 'r'", seq)
+        with pytest.raises(StoreConnectionError, match="lost this run's latest writes"):
+            store.checkpoint("r", run.epoch, b"state", completion=Completion(seq, result=b"x"))
+        assert store.journal("r") == [] and store.snapshots("r") == []
+        again = store.append_intent("r", run.epoch, "llm", b"a", idempotency_key="r:1")
+        assert again == seq  # the handle re-read the run and goes on from what is stored
+
+
+def test_sync_turns_synchronous_commit_back_on_where_the_database_turned_it_off(
+        pg: PgStore) -> None:
+    _sql(pg, "ALTER ROLE CURRENT_USER SET synchronous_commit = off")
+    try:
+        with pg.open() as store:
+            with store._pool.connection() as conn:  # a connection as every write gets one
+                assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+        with pg.open(durability="none") as store:
+            with store._pool.connection() as conn:
+                assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+    finally:
+        _sql(pg, "ALTER ROLE CURRENT_USER RESET synchronous_commit")

@@ -220,15 +220,16 @@ class Store(Protocol):
 
     @property
     def intents_durable(self) -> bool:
-        """Does :meth:`append_intent` wait until its intent would survive a crash of the
-        machine (or database server), as every other write does?
+        """Is an intent as durable as the store's other writes?
 
-        False where an intent's commit is made durable by the run's next durable commit
-        instead (one flush per step, not two): a machine crash between the two can then
-        lose the intent of the call in flight, and the runtime treats the first call a
-        resumed run makes afresh as in doubt (asks its ``verify`` probe), since the
-        journal cannot say whether that call started.  A process crash never loses an
-        intent.
+        False where an intent's commit is made durable by the run's next commit instead
+        (one flush per step, not two): a crash of the machine (or database server)
+        between the two can then lose the intent of the call in flight while every
+        commit before it survives, and the runtime treats the first call a resumed run
+        makes afresh as in doubt (asks its ``verify`` probe), since the journal cannot
+        say whether that call started.  A process crash never loses an intent.  True in
+        durability ``none``, where no write waits for a flush and a machine crash may
+        lose the last commits of any kind (the probe rule cannot repair that).
         """
         ...
 

@@ -211,6 +211,9 @@ class PgStore:
         def configure(conn: Any) -> None:
             if durability == "none":
                 conn.execute("SET synchronous_commit TO off")
+            else:  # a database or role that turned it off must not make `sync` wait for nothing
+                conn.execute("SELECT set_config('synchronous_commit', 'on', false) "
+                             "WHERE current_setting('synchronous_commit') = 'off'")
 
         self._pool = ConnectionPool(
             url, min_size=1, max_size=max(1, pool_size), open=False, timeout=15.0,
@@ -786,11 +789,22 @@ class PgStore:
         _check_epoch(epoch)
         memo = self._memo(rid)
         with self._run_lock(rid):
+            believed: tuple[int, int] | None = None  # the counts before a re-read
             for attempt in (1, 2):
                 try:
                     with self._conn() as conn:
                         if memo.jlen is None or memo.made is None:
                             self._counts(conn, rid, memo)
+                            assert memo.jlen is not None and memo.made is not None
+                            if believed is not None and (memo.jlen < believed[0] or memo.made < believed[1]):
+                                # The run lost records this handle wrote and saw committed: the
+                                # server crashed and came back without them (an intent does not
+                                # wait for its flush).  Stop as a lost connection would.
+                                memo.jlen = memo.made = None
+                                raise StoreConnectionError(
+                                    f"the PostgreSQL store {self.path} lost this run's latest writes "
+                                    f"during {what} (its server restarted without them); the run "
+                                    "resumes from what the store has: `tcc resume`")
                         try:
                             return fn(conn, memo)
                         except self._errors.UniqueViolation as exc:
@@ -806,6 +820,8 @@ class PgStore:
                                 raise self._mapped(conn, exc, rid, epoch, memo) from None
                             raise
                 except _Moved:
+                    if memo.jlen is not None and memo.made is not None:
+                        believed = (memo.jlen, memo.made)
                     memo.jlen = memo.made = None
                     memo.base, memo.known = None, set()
                     if attempt == 2:
