@@ -133,7 +133,7 @@ ALTER TABLE tcc.events ALTER COLUMN record SET STORAGE EXTERNAL;
 -- commit is not waited for (synchronous_commit off for this transaction only):
 -- it is visible at once and survives the client's crash; the WAL flush of the
 -- step's own commit, which follows it in the log, makes it durable against a
--- crash of the server (or the WAL writer does, within wal_writer_delay).
+-- crash of the server (or the WAL writer does, within 3 x wal_writer_delay).
 CREATE FUNCTION tcc.append_intent(p_tenant text, p_run text, p_epoch bigint, p_seq bigint,
                                   p_record bytea, p_sync boolean) RETURNS bigint
 LANGUAGE plpgsql AS $$
