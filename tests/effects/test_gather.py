@@ -54,3 +54,33 @@ def test_gathered_call_in_doubt_without_a_probe_runs_again(tmp_path):
     assert tags["b"] == 2 and tags["solo"] == 1, tags
     reissued = [d for k, d in _events(cli, "g") if k == "in_doubt_reissued"]
     assert any(d["key"].endswith(".1") and d["attempt"] == 2 for d in reissued), reissued
+
+
+DOUBT_AGENT = str(AGENTS / "doubt_agent.py")
+
+
+def _attempts(cli: Cli, run_id: str, suffix: str) -> list[int]:
+    with open_store(str(cli.store)) as store:
+        return [r.attempt for r in store.journal(run_id)
+                if r.kind == "intent" and (r.idempotency_key or "").endswith(suffix)]
+
+
+def test_a_gathered_call_is_retried_as_a_single_call_would_be(tmp_path):
+    """`retries` holds inside a gather too (as tcc.testing runs it): each attempt journaled
+    with its own intent; a replay then finds the call already retried, so a resumed run
+    and an uninterrupted one take the same path."""
+    ledger = tmp_path / "ledger"
+    cli = Cli(tmp_path, LEDGER=str(ledger))
+    done = json.loads(cli.run("run", "--json", "--run-id", "r", f"{DOUBT_AGENT}:gather_retries",
+                              check=True).stdout)
+    assert done["result"] == ["x", "y"], done
+    assert sorted(ledger.read_text().splitlines()) == ["r:1.0 x", "r:1.1 y", "r:1.1 y"]
+    assert _attempts(cli, "r", ".1") == [1, 2]
+
+
+def test_a_gathered_call_whose_retries_are_spent_raises_its_last_error(tmp_path):
+    cli = Cli(tmp_path, LEDGER=str(tmp_path / "ledger"))
+    done = json.loads(cli.run("run", "--json", "--run-id", "s", f"{DOUBT_AGENT}:gather_gives_up",
+                              check=True).stdout)
+    assert done["result"] == "g failed", done
+    assert _attempts(cli, "s", ".1") == [1, 2]

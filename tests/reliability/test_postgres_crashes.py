@@ -757,9 +757,9 @@ def _ledger(path: pathlib.Path) -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_a_replayed_gather_retry_does_not_use_up_the_doubt(tmp_path, pg_dsn):
-    """A gathered call that failed with a retry left runs again when the gather is
-    replayed, though the crashed run never retried it; the call whose intent was lost is
-    the one after the gather, and it is the one asked about."""
+    """A gather whose call failed for good, caught by the agent, then a call whose intent
+    a server crash took: replaying the gather serves the journaled failure and issues
+    nothing, so the doubt goes to the call after it, which is asked about."""
     pg = make_pg_store(pg_dsn, tmp_path)
     ledger = tmp_path / "ledger.txt"
     cli = PgCli(tmp_path, pg, LEDGER=str(ledger), DIE_ON="e")

@@ -24,7 +24,7 @@ from .. import errors
 from ..capture import dump_payload, load_payload
 from ..effects import reusing_live_resources
 from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnRequest, WaitRequest, lookup
-from ._attempts import should_retry
+from ._attempts import _backoff, should_retry
 from ._journal import call_repr, completion_record
 from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
 from ._outcome import encode_error
@@ -137,34 +137,45 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             todo.append((i, eff, args, kwargs, blob, key, 1))
     if issued:
         d.past_the_journal()
-    if todo:
+    round_ = todo
+    while round_:  # each round: the calls' attempts, concurrently; then the failed ones again
         seqs = [
             d.store.append_intent(
                 d.run_id, d.epoch, eff.name, blob, idempotency_key=key, attempt=attempt
             )
-            for (_i, eff, _a, _k, blob, key, attempt) in todo
+            for (_i, eff, _a, _k, blob, key, attempt) in round_
         ]
 
-        async def all_of() -> list[Any]:
+        async def all_of(calls: list[Any]) -> list[Any]:
             return await asyncio.gather(
-                *(d.attempts.invoke(eff, a, k, key, att) for (_i, eff, a, k, _b, key, att) in todo),
+                *(d.attempts.invoke(eff, a, k, key, att) for (_i, eff, a, k, _b, key, att) in calls),
                 return_exceptions=True,
             )
 
         t0 = time.perf_counter()
         assert d.attempts.loop is not None
-        results = d.attempts.loop.run_until_complete(all_of())
+        results = d.attempts.loop.run_until_complete(all_of(round_))
         duration = time.perf_counter() - t0
         stopped = next((r for r in results if isinstance(r, Parked)), None)
-        for (i, *_rest), seq, res in zip(todo, seqs, results):
+        again = []
+        for (i, eff, _a, _k, blob, key, attempt), seq, res in zip(round_, seqs, results):
             if isinstance(res, Parked):  # never started: its intent stays open (in doubt)
                 continue
             outcome: Resumption = ("throw", res) if isinstance(res, Exception) else ("send", res)
-            outcomes[i] = outcome
             d.store.append_completion(d.run_id, d.epoch, completion_record(seq, outcome, duration))
             d.effects += 1
+            if outcome[0] == "throw" and attempt <= eff.retries:  # as a single call retries
+                with reusing_live_resources():  # a fresh copy of the recorded arguments
+                    args, kwargs = load_payload(blob)
+                again.append((i, eff, args, kwargs, blob, key, attempt + 1))
+            else:
+                outcomes[i] = outcome
         if stopped is not None:
             raise stopped
+        if again and STOP.wait(max(_backoff(eff.retry_delay, attempt - 2)
+                                   for (_i, eff, _a, _k, _b, _key, attempt) in again)):
+            raise Parked("stopped", {"reason": "SIGTERM"})  # resumed, the retries run then
+        round_ = again
     values = []
     for done in outcomes:
         assert done is not None

@@ -56,7 +56,15 @@ def _flaky(tag):
     return tag
 
 
+def _first_fails(tag):
+    _line(tag)
+    if tcc.current().attempt == 1:
+        raise RuntimeError(f"{tag} failed on its first attempt")
+    return tag
+
+
 write = tcc.effect(_write, name="pd:write", verify=probe)
+first_fails = tcc.effect(_first_fails, name="pd:first_fails", retries=1, retry_delay=0)
 fail = tcc.effect(_fail, name="pd:fail", retries=1, retry_delay=0)
 flaky = tcc.effect(_flaky, name="pd:flaky", verify=probe)
 
@@ -68,6 +76,20 @@ async def gather_then():
     except RuntimeError:
         pass
     return await write("e")
+
+
+async def gather_retries():
+    """A gathered call that fails once, with a retry: the gather retries it."""
+    return await tcc.gather(write("x"), first_fails("y"))
+
+
+async def gather_gives_up():
+    """A gathered call whose retries are spent: the gather raises its last error."""
+    try:
+        await tcc.gather(write("x"), fail("g"))
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
 
 
 async def flaky_once():
