@@ -773,6 +773,21 @@ def test_a_replayed_gather_retry_does_not_use_up_the_doubt(tmp_path, pg_dsn):
 
 
 @pytest.mark.timeout(120)
+def test_a_gathered_retry_whose_intent_was_lost_is_asked_about(tmp_path, pg_dsn):
+    """A gathered call failed, its retry ran and the process died; a server crash took the
+    retry's intent: on resume the retry is in doubt (its probe finds it), not run again."""
+    pg = make_pg_store(pg_dsn, tmp_path)
+    ledger = tmp_path / "ledger.txt"
+    cli = PgCli(tmp_path, pg, LEDGER=str(ledger), DIE_ON="z")
+    died = cli.run("run", "--run-id", "gr", f"{AGENTS / 'doubt_agent.py'}:gather_retry_dies")
+    assert died.returncode == -9, died.stderr
+    assert _lose_last_intent(pg, "gr") == "gr:1.1"
+    done = cli.run("resume", "--json", "gr", check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["result"] == ["x", "z (found)"]
+    assert sorted(_ledger(ledger)) == ["gr:1.0 x", "gr:1.1 z"]  # z's retry ran once
+
+
+@pytest.mark.timeout(120)
 def test_an_attempt_of_tcc_retry_whose_intent_was_lost_is_asked_about(tmp_path, pg_dsn):
     """`tcc retry` issues a new attempt of the failed call; a server crash takes its intent
     and the process dies: the next `tcc resume` asks the probe about that attempt instead

@@ -138,6 +138,9 @@ class Replay:
     def __bool__(self) -> bool:
         return bool(self._calls)
 
+    def __len__(self) -> int:
+        return len(self._calls)
+
     def take(self, key: str, name: str) -> LoggedCall:
         """The next journaled call, which must be call ``key`` of effect ``name``."""
         logged = self._calls.popleft()

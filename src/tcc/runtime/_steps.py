@@ -96,12 +96,12 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
     effects = [_effect(r.name) for r in subs]
     outcomes: list[Resumption | None] = [None] * len(subs)
     todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int]] = []
-    # Past the end of the journal every call of the gather is in doubt (their intents were
-    # all written before any of them ran): fresh_call_in_doubt() holds until
-    # past_the_journal() below.  A failed gathered call with retries left runs again on
-    # replay, but a gather never retried it in the run that crashed, so that attempt is
-    # not one a crash could have taken (and does not use up the doubt).
-    issued = False  # a call past the journal's end, or one in flight there, was issued
+    # A gather at the end of the journal (what is left to serve is at most its own calls)
+    # is where a crash may have taken intents: its calls' next attempts, whether first
+    # attempts or retries of failed ones (every intent of a round is written before any of
+    # its calls runs), are in doubt, and their verify probes are asked before they run.
+    doubt = d.unrecorded_doubt and len(d.replay) <= len(subs)
+    issued = False  # an attempt was issued (the doubt, if any, was this gather's)
     for i, (req, eff) in enumerate(zip(subs, effects)):
         key = f"{base}.{i}"
         if d.replay:
@@ -112,9 +112,16 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
                 outcomes[i] = logged.outcome
                 d.replayed += 1
                 continue
+            issued = True
             args, kwargs = load_payload(logged.args)
+            if logged.outcome is not None and doubt:  # its retry's intent may be lost
+                found = d.attempts.probe_unrecorded(eff, logged.args, key, logged.attempt + 1)
+                if found is not None:
+                    outcomes[i] = found[0]
+                    d.store.append_completion(d.run_id, d.epoch, found[1])
+                    d.effects += 1
+                    continue
             if logged.outcome is None:  # in flight at a crash: in doubt, as in Attempts.reissue
-                issued = True
                 found = d.attempts.probe(eff, logged, args, kwargs)
                 if found is not None:
                     outcomes[i] = found[0]
@@ -125,7 +132,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
         else:
             blob = _dump_args(d, eff, req)
             issued = True
-            if d.fresh_call_in_doubt():
+            if doubt:
                 found = d.attempts.probe_unrecorded(eff, blob, key, 1)
                 if found is not None:
                     outcomes[i] = found[0]

@@ -63,7 +63,14 @@ def _first_fails(tag):
     return tag
 
 
+def _second_succeeds(tag):
+    if tcc.current().attempt == 1:
+        raise RuntimeError(f"{tag} failed on its first attempt")
+    return _write(tag)
+
+
 write = tcc.effect(_write, name="pd:write", verify=probe)
+second = tcc.effect(_second_succeeds, name="pd:second", retries=1, retry_delay=0, verify=probe)
 first_fails = tcc.effect(_first_fails, name="pd:first_fails", retries=1, retry_delay=0)
 fail = tcc.effect(_fail, name="pd:fail", retries=1, retry_delay=0)
 flaky = tcc.effect(_flaky, name="pd:flaky", verify=probe)
@@ -90,6 +97,11 @@ async def gather_gives_up():
     except RuntimeError as exc:
         return str(exc)
     return "no error"
+
+
+async def gather_retry_dies():
+    """A gathered call whose first attempt fails and whose retry dies after its effect."""
+    return await tcc.gather(write("x"), second("z"))
 
 
 async def flaky_once():
