@@ -113,15 +113,17 @@ def seal(payload: bytes, *, level: int = 3, compress: bool = True, stored: bool 
         payload = cctx.compress(payload)
         flags |= FLAG_ZSTD
     digest = _NO_DIGEST if stored else hashlib.blake2b(payload, digest_size=_DIGEST).digest()
-    return b"".join(
-        (_FIXED.pack(MAGIC, FORMAT_VERSION, len(_TAG)), _TAG, bytes((flags,)), digest, payload)
-    )
+    return b"".join((_header(flags, digest), payload))
 
 
 def stored_header() -> bytes:
     """The envelope header of an uncompressed blob sealed ``stored=True``: it does not
     depend on the payload, so a pickle can be written right after it (no copy)."""
-    return _FIXED.pack(MAGIC, FORMAT_VERSION, len(_TAG)) + _TAG + bytes((FLAG_STORED,)) + _NO_DIGEST
+    return _header(FLAG_STORED, _NO_DIGEST)
+
+
+def _header(flags: int, digest: bytes) -> bytes:
+    return _FIXED.pack(MAGIC, FORMAT_VERSION, len(_TAG)) + _TAG + bytes((flags,)) + digest
 
 
 def unseal(blob: bytes | bytearray | memoryview, *, authenticated: bool = False) -> bytes:

@@ -24,6 +24,7 @@ from .. import errors
 from ..capture import dump_payload, load_payload
 from ..effects import reusing_live_resources
 from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnRequest, WaitRequest, lookup
+from ..store import Completion
 from ._attempts import _backoff, should_retry
 from ._journal import call_repr, completion_record
 from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
@@ -96,6 +97,16 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
     effects = [_effect(r.name) for r in subs]
     outcomes: list[Resumption | None] = [None] * len(subs)
     todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int]] = []
+
+    def answered(i: int, found: tuple[Resumption, Completion] | None) -> bool:
+        """A verify probe found call ``i``'s effect: its outcome, journaled."""
+        if found is None:
+            return False
+        outcomes[i] = found[0]
+        d.store.append_completion(d.run_id, d.epoch, found[1])
+        d.effects += 1
+        return True
+
     # A gather at the end of the journal (what is left to serve is at most its own calls)
     # is where a crash may have taken intents: its calls' next attempts, whether first
     # attempts or retries of failed ones (every intent of a round is written before any of
@@ -114,31 +125,18 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
                 continue
             issued = True
             args, kwargs = load_payload(logged.args)
-            if logged.outcome is not None and doubt:  # its retry's intent may be lost
-                found = d.attempts.probe_unrecorded(eff, logged.args, key, logged.attempt + 1)
-                if found is not None:
-                    outcomes[i] = found[0]
-                    d.store.append_completion(d.run_id, d.epoch, found[1])
-                    d.effects += 1
+            if logged.outcome is not None:  # a retry, whose intent a crash may have taken
+                if doubt and answered(i, d.attempts.probe_unrecorded(eff, logged.args, key,
+                                                                     logged.attempt + 1)):
                     continue
-            if logged.outcome is None:  # in flight at a crash: in doubt, as in Attempts.reissue
-                found = d.attempts.probe(eff, logged, args, kwargs)
-                if found is not None:
-                    outcomes[i] = found[0]
-                    d.store.append_completion(d.run_id, d.epoch, found[1])
-                    d.effects += 1
-                    continue
+            elif answered(i, d.attempts.probe(eff, logged, args, kwargs)):  # in flight: in doubt
+                continue
             todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
         else:
             blob = _dump_args(d, eff, req)
             issued = True
-            if doubt:
-                found = d.attempts.probe_unrecorded(eff, blob, key, 1)
-                if found is not None:
-                    outcomes[i] = found[0]
-                    d.store.append_completion(d.run_id, d.epoch, found[1])
-                    d.effects += 1
-                    continue
+            if doubt and answered(i, d.attempts.probe_unrecorded(eff, blob, key, 1)):
+                continue
             with reusing_live_resources():  # the recorded copy, as in Attempts.run_attempts
                 args, kwargs = load_payload(blob)
             todo.append((i, eff, args, kwargs, blob, key, 1))
