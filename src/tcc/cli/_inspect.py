@@ -118,6 +118,19 @@ def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, un
     used when ``color`` is true, by default when stdout is a terminal and
     ``NO_COLOR`` is unset.
     """
+    doc, frames, awaiting = inspect_doc(store, run_id, at, unsafe_repr=unsafe_repr)
+    if as_json:
+        return json.dumps(doc, indent=2)
+    if color is None:
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    return _render(doc, frames, awaiting, _Style(bool(color)))
+
+
+def inspect_doc(store: Store, run_id: str, at: int | None = None, *,
+                unsafe_repr: bool = False) -> tuple[dict[str, Any], list[FrameInfo], Awaiting | None]:
+    """The document of ``tcc inspect --json`` for snapshot ``at`` (default: newest) of
+    ``run_id``, with the frames and awaited request it was made from.  Runs no user code
+    unless ``unsafe_repr`` (which the CLI confirms first; the dashboard never asks for it)."""
     view = snapshot_state(store, run_id, at, unsafe=unsafe_repr)
     run, info, numbers, notes, unsafe = view.run, view.info, view.numbers, view.notes, view.unsafe
     coro, pending, calls = view.state.coro, view.state.resumption, view.state.calls
@@ -140,11 +153,7 @@ def inspect_command(store: Store, run_id: str, at: int | None, as_json: bool, un
         "globals": _globals_doc(module_globals, unsafe),
         "notes": notes,
     }
-    if as_json:
-        return json.dumps(doc, indent=2)
-    if color is None:
-        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    return _render(doc, frames, awaiting, _Style(bool(color)))
+    return doc, frames, awaiting
 
 
 def dataclass_doc(awaiting: Awaiting | None) -> dict[str, Any] | None:

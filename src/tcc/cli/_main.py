@@ -205,6 +205,16 @@ def _parser() -> argparse.ArgumentParser:
     _common(init)
     init.set_defaults(handler=_cmd_init)
 
+    ui = sub.add_parser("ui", help="serve a web dashboard of the store's runs (needs tcc[ui]); "
+                        "prints its URL, with the access token, on the first line")
+    _common(ui)
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1; another needs --allow-remote)")
+    ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    ui.add_argument("--allow-remote", action="store_true",
+                    help="allow a --host other machines can reach (plain HTTP: put TLS in front)")
+    ui.set_defaults(handler=_cmd_ui)
+
     info = sub.add_parser("info", help="show the interpreter tag and native-module status")
     info.set_defaults(handler=_cmd_info, json=False)
     return parser
@@ -434,6 +444,23 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     else:
         print(" ".join(f"{k}={v}" for k, v in doc.items()))
     return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from . import ui
+    from .ui._server import is_loopback
+
+    missing = ui.missing_extra()
+    if missing:
+        raise TccError(missing)
+    if not is_loopback(args.host) and not args.allow_remote:  # before any store is opened
+        raise UsageError(f"--host {args.host} is not a loopback address: anyone who can reach it and "
+                         "learns the token could act on your runs, over unencrypted HTTP; pass "
+                         "--allow-remote to do it anyway")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0-65535, not {args.port}")
+    with _open(args, create=False) as store:
+        return ui.serve(store, host=args.host, port=args.port, allow_remote=args.allow_remote)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

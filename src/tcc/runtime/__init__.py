@@ -3,7 +3,8 @@
 What a front end (the CLI, a library user, a dashboard) does to runs is here, once:
 :func:`run` (start, or resume by id), :func:`resume`, :func:`retry`, :func:`signal`,
 :func:`answer`, :func:`cancel`, :func:`fork`, :func:`run_detail`, :func:`snapshot_state`,
-and the :class:`Worker`.  The rest is what they are built from.
+:func:`start_resume` (a resume in a process of its own), and the :class:`Worker`.  The rest
+is what they are built from.
 """
 
 from ._operations import Cancellation as Cancellation
@@ -23,10 +24,12 @@ from ._views import RunDetail as RunDetail
 from ._views import SnapshotView as SnapshotView
 from ._views import run_detail as run_detail
 from ._views import snapshot_state as snapshot_state
+from ._views import owner_alive as owner_alive
 from ._views import when as when
 from ._fork import fork as fork
 from ._worker import Worker as Worker
 from ._worker import pending_waits as pending_waits
+from ._worker import start_resume as start_resume
 from ._driver import Driver as Driver
 from ._driver import Outcome as Outcome
 from ._attempts import Intent as Intent
@@ -87,6 +90,7 @@ __all__ = [
     "fork",
     "is_module_entry",
     "load_script",
+    "owner_alive",
     "pending_waits",
     "resume",
     "retry",
@@ -100,6 +104,7 @@ __all__ = [
     "snapshot_state",
     "split_entry",
     "start",
+    "start_resume",
     "traceback_lines",
     "unpack_state",
     "unsupported_await",

@@ -84,7 +84,8 @@ def run(
 def signal(store: Store, run_id: str, name: str, value: Any = None, *,
            raw: bytes | None = None) -> str:
     """Deliver ``value`` (any JSON value; or ``raw``, JSON text as bytes) to the run's next
-    ``tcc.wait_for(name)`` and return that wait's id (``NAME@k``); see :func:`send_signal`."""
+    ``tcc.wait_for(name)`` and return that wait's id (``NAME@k``); see :func:`send_signal`.
+    The delivery is recorded as a ``signalled`` event."""
     try:
         check_signal_name(name)
     except ValueError as exc:
@@ -96,7 +97,9 @@ def signal(store: Store, run_id: str, name: str, value: Any = None, *,
             json.loads(raw)
         except ValueError as exc:
             raise errors.UsageError(f"the signal's value must be JSON: {exc}") from None
-    return send_signal(store, run_id, name, raw)
+    wait_id = send_signal(store, run_id, name, raw)
+    store.add_event(run_id, "signalled", {"id": wait_id, "name": name})
+    return wait_id
 
 
 def answer(store: Store, run_id: str, approved: bool, comment: str | None = None) -> str:

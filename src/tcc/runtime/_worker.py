@@ -99,6 +99,63 @@ def due(store: Store, run: RunInfo, now: float) -> str | None:
     return None
 
 
+def resume_command(store: Store, run_id: str, command: list[str] | None = None) -> list[str]:
+    """The command line of a ``tcc resume`` of ``run_id`` in its own process.
+
+    "--" before the run id, and --tenant=: a run id or tenant starting with "-" (older tcc
+    allowed one; "-h" printed help and exited 0 every poll) is never read as an option."""
+    base = command or [sys.executable, "-m", "tcc"]
+    return [*base, "resume", f"--tenant={store.tenant}", "--", run_id]
+
+
+def resume_env(store: Store, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a resume process: the store in $TCC_STORE (a database URL may hold
+    a password, which a command line would show to every user of the host)."""
+    out = dict(os.environ if env is None else env)
+    out["TCC_STORE"] = getattr(store, "url", None) or store.path
+    return out
+
+
+def not_due_reason(store: Store, run: RunInfo, now: float) -> str:
+    """Why resuming ``run`` now would do nothing, said for a person (``due`` said None)."""
+    if run.status in FINISHED_STATUSES:
+        return f"run {run.run_id} is already {run.status}; there is nothing to resume"
+    if run.status == "running":
+        return (f"run {run.run_id} is running and its owner ({run.owner_host}:{run.owner_pid}) "
+                "still holds it")
+    if run.status == "sleeping":
+        until = wake_time(store, run.run_id) or now
+        return f"run {run.run_id} sleeps for another {until - now:.0f} s; it resumes when that is over"
+    waits = pending_waits(store, run.run_id)
+    if waits:
+        what = ", ".join(f"{w.get('kind', 'signal')} {w['id']}" for w in waits)
+        return f"run {run.run_id} waits for {what}; answer it first"
+    child = awaited_child(store, run.run_id)
+    if child is not None:
+        return f"run {run.run_id} waits for its child run {child} to finish"
+    return f"run {run.run_id} is {run.status} and not due"
+
+
+def start_resume(store: Store, run_id: str, *, command: list[str] | None = None,
+                 env: dict[str, str] | None = None, stderr: Any = subprocess.DEVNULL
+                 ) -> subprocess.Popen[bytes]:
+    """Resume ``run_id`` in a ``tcc resume`` process of its own, as the worker does, if it
+    is due (:func:`due`); else :class:`~tcc.errors.UsageError` saying why not.  Records a
+    ``resume_requested`` event with the process id.  For a front end that must not block
+    (the dashboard): the run's progress is in the store, not in the returned process."""
+    from ..errors import UsageError
+
+    run = store.get_run(run_id)
+    reason = due(store, run, time.time())
+    if reason is None:
+        raise UsageError(not_due_reason(store, run, time.time()))
+    proc = subprocess.Popen(resume_command(store, run_id, command), env=resume_env(store, env),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                            start_new_session=True)
+    store.add_event(run_id, "resume_requested", {"pid": proc.pid, "reason": reason})
+    return proc
+
+
 class Worker:
     """``tcc worker``: supervise a store, resuming runs whose owner died, that are due (a
     sleep ended, a signal or a child's end arrived), up to ``concurrency`` at once."""
@@ -179,10 +236,7 @@ class Worker:
             reason = due(self.store, run, now)
             if reason is None:
                 continue
-            # "--" before the run id, and --tenant=: a run id or tenant starting with "-"
-            # (older tcc allowed one; "-h" printed help and exited 0 every poll) is
-            # never read as an option
-            args = [*self.command, "resume", f"--tenant={self.store.tenant}", "--", run.run_id]
+            args = resume_command(self.store, run.run_id, self.command)
             self.log(f"worker: resuming {run.run_id} ({reason})")
             err = tempfile.TemporaryFile()
             self.errs[run.run_id] = err
@@ -193,11 +247,7 @@ class Worker:
         return started
 
     def _child_env(self) -> dict[str, str]:
-        """The environment of a resume: the store in $TCC_STORE (a database URL may hold a
-        password, which a command line would show to every user of the host)."""
-        env = dict(os.environ if self.env is None else self.env)
-        env["TCC_STORE"] = getattr(self.store, "url", None) or self.store.path
-        return env
+        return resume_env(self.store, self.env)
 
     def serve(self, *, once: bool = False) -> int:
         signal.signal(signal.SIGTERM, self.stop)

@@ -1,0 +1,133 @@
+"""``tcc ui`` in a real browser: Debian's headless Chromium, driven by Selenium through
+Debian's chromium-driver.
+
+One story, as an operator lives it: open the URL ``tcc ui`` printed, find the run that
+waits for an approval, look at its frozen stack (a local's value, and a local holding
+``<script>`` shown as text, not run), approve it, resume it, and watch it complete on
+the open page, without a reload.  Screenshots go to ``$TCC_ARTIFACTS`` (default
+``test-artifacts/`` at the repository root).
+
+Skipped when the browser or its driver is missing, unless ``TCC_REQUIRE_BROWSER=1``
+(``.ci/run`` sets it and installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+from typing import Any, Iterator
+
+import pytest
+
+from tests._support.ui import parked_run, running_ui, tcc
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+ARTIFACTS = pathlib.Path(os.environ.get("TCC_ARTIFACTS") or
+                         pathlib.Path(__file__).resolve().parents[2] / "test-artifacts")
+
+if not (CHROMIUM and DRIVER):
+    if os.environ.get("TCC_REQUIRE_BROWSER") == "1":
+        raise RuntimeError("TCC_REQUIRE_BROWSER=1 but chromium/chromedriver are missing: "
+                           "apt-get install chromium chromium-driver")
+    pytest.skip("no chromium and chromium-driver (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _shot(driver: Any, name: str) -> pathlib.Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"ui-{name}.png"
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def _confirm(driver: Any, wait: Any) -> None:
+    wait.until(EC.visibility_of_element_located((By.ID, "confirm")))
+    driver.find_element(By.ID, "confirm-yes").click()
+
+
+def test_approve_a_parked_run_and_watch_it_complete(tmp_path: pathlib.Path, browser: Any) -> None:
+    store = str(tmp_path / "store")
+    run_id = parked_run(store, args=("launch",))
+    other = parked_run(store, func="quick")  # a finished run is listed too, but needs nobody
+    wait = WebDriverWait(browser, 30)
+    with running_ui(store) as ui:
+        # 1. the tokenized URL: the token moves into a cookie and out of the address bar
+        browser.get(ui.url)
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "a.run-link")))
+        assert "token=" not in browser.current_url
+
+        # 2. the parked run is in the list, marked as needing a person; the finished one is not
+        row = wait.until(EC.presence_of_element_located(
+            (By.CSS_SELECTOR, f'tr[data-run="{run_id}"]')))
+        assert "needs-human" in row.get_attribute("class")
+        assert "waiting" in row.text and "needs you" in row.text
+        finished = browser.find_element(By.CSS_SELECTOR, f'tr[data-run="{other}"]')
+        assert "completed" in finished.text and "needs-human" not in (finished.get_attribute("class") or "")
+        _shot(browser, "runs")
+
+        # 3. its frozen stack shows the locals' values; a <script> value is text, not code
+        row.find_element(By.CSS_SELECTOR, "a.run-link").click()
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#run-status")))
+        browser.find_element(By.PARTIAL_LINK_TEXT, "Frozen stack").click()
+        frames = wait.until(EC.presence_of_element_located((By.ID, "frames")))
+        locals_ = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[1].text
+                   for r in frames.find_elements(By.CSS_SELECTOR, "table.locals tbody tr")}
+        assert locals_["topic"] == "'launch'"
+        assert locals_["steps"] == "['step 0 of launch', 'step 1 of launch', 'step 2 of launch']"
+        assert locals_["note"] == "'<script>window.pwned = 1</script>'"
+        assert browser.execute_script("return window.pwned") is None
+        assert "ok = await tcc.approval" in frames.text  # the source line it waits at
+        _shot(browser, "stack")
+
+        # 4. approve it, from the run's page (with the confirmation step)
+        browser.find_element(By.PARTIAL_LINK_TEXT, "run ").click()
+        approve = wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, 'button[data-action="approve"]')))
+        browser.execute_script("window.tccMarker = 'same page'")  # gone if the page reloads
+        approve.find_element(By.XPATH, "..").find_element(By.NAME, "comment").send_keys("looks good")
+        approve.click()
+        _shot(browser, "confirm")
+        _confirm(browser, wait)
+        wait.until(EC.text_to_be_present_in_element((By.ID, "flash"), "approve: done"))
+
+        # 5. resume it, and watch it complete on the open page (it polls; no reload)
+        browser.find_element(By.CSS_SELECTOR, 'button[data-action="resume"]').click()
+        _confirm(browser, wait)
+        WebDriverWait(browser, 60).until(
+            EC.text_to_be_present_in_element((By.ID, "run-status"), "completed"))
+        assert browser.execute_script("return window.tccMarker") == "same page"
+        result = wait.until(EC.presence_of_element_located((By.ID, "run-result")))
+        assert json.loads(result.text)["ok"] is True
+        assert "deployed 3 steps" in result.text
+        timeline = browser.find_element(By.CSS_SELECTOR, "table.timeline").text
+        assert "approved" in timeline and "resume_requested" in timeline and "completed" in timeline
+        _shot(browser, "completed")
+
+    # what the page showed is what the store holds
+    doc = json.loads(tcc("show", "--json", "--store", store, run_id).stdout)
+    assert doc["status"] == "completed" and doc["result"]["done"] == "deployed 3 steps"
+    approved = [e for e in doc["events"] if e["kind"] == "approved"]
+    assert approved and approved[0]["data"]["comment"] == "looks good"
