@@ -131,3 +131,33 @@ def test_approve_a_parked_run_and_watch_it_complete(tmp_path: pathlib.Path, brow
     assert doc["status"] == "completed" and doc["result"]["done"] == "deployed 3 steps"
     approved = [e for e in doc["events"] if e["kind"] == "approved"]
     assert approved and approved[0]["data"]["comment"] == "looks good"
+
+
+def test_the_demo_run_in_the_browser(tmp_path: pathlib.Path, browser: Any) -> None:
+    """The quick start's store (``scripts/demo.sh`` runs examples/crash_and_resume.py): the
+    crashed and resumed demo run, its timeline and its frozen stack."""
+    store = str(tmp_path / "store")
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "crash_and_resume.py"
+    import subprocess
+    import sys
+
+    demo = subprocess.run([sys.executable, str(example)], env=dict(os.environ, TCC_STORE=store),
+                          capture_output=True, text=True, timeout=300)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    runs = json.loads(tcc("ls", "--json", "--store", store).stdout)
+    (demo_id,) = [r["id"] for r in runs if r["id"].startswith("demo-")]
+    wait = WebDriverWait(browser, 30)
+    with running_ui(store) as ui:
+        browser.get(ui.url)
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, f'tr[data-run="{demo_id}"]'))) \
+            .find_element(By.CSS_SELECTOR, "a.run-link").click()
+        wait.until(EC.text_to_be_present_in_element((By.ID, "run-status"), "completed"))
+        timeline = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "table.timeline"))).text
+        for kind in ("started", "taken_over", "resumed", "completed"):  # killed, then resumed
+            assert kind in timeline, kind
+        assert "search(" in timeline and "llm(" in timeline  # its effect calls
+        _shot(browser, "demo-run")
+        browser.find_element(By.PARTIAL_LINK_TEXT, "Frozen stack").click()
+        frames = wait.until(EC.presence_of_element_located((By.ID, "frames"))).text
+        assert "research_agent.py" in frames and "notes" in frames
+        _shot(browser, "demo-stack")
