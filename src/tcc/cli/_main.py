@@ -483,7 +483,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A run that stopped abnormally leaves its coroutine suspended; letting
         # the interpreter finalise it would run the agent's `finally` blocks in
         # a process that no longer owns the run.  The state is durable, so
-        # leave without finalisers.
+        # leave without finalisers -- and without atexit handlers, so hand the
+        # spans a batching tracer provider still holds to its exporter first.
+        from ..runtime import flush_tracing
+
+        flush_tracing(timeout_ms=5000)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

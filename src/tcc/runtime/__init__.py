@@ -57,6 +57,7 @@ from ._scripts import split_entry as split_entry
 from ._agent_errors import forgotten_await as forgotten_await
 from ._agent_errors import unsupported_await as unsupported_await
 from ._sync import GreenletTask as GreenletTask
+from ._trace import flush_tracing as flush_tracing
 
 __all__ = [
     "Cancellation",
@@ -87,6 +88,7 @@ __all__ = [
     "entry_of",
     "error_line",
     "forgotten_await",
+    "flush_tracing",
     "fork",
     "is_module_entry",
     "load_script",
