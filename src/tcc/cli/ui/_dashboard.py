@@ -100,7 +100,7 @@ class Dashboard:
         if status is not None and status not in RUN_STATUSES:
             raise ApiError(400, f"status must be one of {', '.join(RUN_STATUSES)}, not {status!r}")
         damaged: list[tuple[str, str]] = []
-        runs = self.store.list_runs(status, damaged=damaged)  # type: ignore[arg-type]
+        runs = self.store.list_runs(status, damaged=damaged)
         if query:
             q = query.lower()
             runs = [r for r in runs if q in r.run_id.lower() or q in r.entry.lower()]
@@ -259,11 +259,17 @@ class Dashboard:
                 check_name("run id", new_id, new=True)
             except errors.UsageError as exc:
                 raise ApiError(400, str(exc)) from None
+            try:  # the store refuses a taken id with a plain StoreError (a 500): say it here
+                self.store.get_run(new_id)
+            except errors.RunNotFoundError:
+                pass
+            else:
+                raise ApiError(409, f"run {new_id!r} already exists: choose another run_id")
         extra: dict[str, Any] = {"answer": fields["answer"]} if "answer" in fields else {}
         try:
             child = runtime.fork(self.store, run_id, at=fields.get("at"), sets=fields.get("set") or {},
                                  new_run_id=new_id, **extra)
-        except errors.UsageError as exc:  # no such snapshot or local, a taken id
+        except errors.UsageError as exc:  # no such snapshot or local
             raise ApiError(400, str(exc)) from None
         return 201, {"id": child.run_id, "parent": run_id}
 
