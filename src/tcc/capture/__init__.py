@@ -7,6 +7,9 @@ shows with a :class:`ViewRepr`.
 This package knows nothing about stores or runtimes.
 """
 
+import importlib as _importlib
+import typing as _typing
+
 from ._api import dump_payload as dump_payload
 from ._api import dump_stored as dump_stored
 from ._api import dumps as dumps
@@ -20,18 +23,48 @@ from ._frames import code_of as code_of
 from ._frames import slot_names as slot_names
 from ._fingerprint import fingerprint as fingerprint
 from ._pickler import register_reducer as register_reducer
-from ._safeload import safe_loads as safe_loads
-from ._viewrepr import ViewRepr as ViewRepr
-from ._viewrepr import views_shown_by as views_shown_by
-from ._views import UNBOUND as UNBOUND
-from ._views import AnyCode as AnyCode
-from ._views import CellView as CellView
-from ._views import CodeView as CodeView
-from ._views import FrameView as FrameView
-from ._views import Stub as Stub
-from ._views import code_line as code_line
-from ._views import frame_view as frame_view
-from ._views import stub_name as stub_name
+
+# What only a display of snapshots uses (``tcc inspect``, ``tcc show``, the dashboard) is
+# imported when first asked for: the restricted loader and its views cost a `tcc resume`
+# ~5 ms of imports it has no use for.
+if _typing.TYPE_CHECKING:
+    from ._safeload import safe_loads as safe_loads
+    from ._viewrepr import ViewRepr as ViewRepr
+    from ._viewrepr import views_shown_by as views_shown_by
+    from ._views import UNBOUND as UNBOUND
+    from ._views import AnyCode as AnyCode
+    from ._views import CellView as CellView
+    from ._views import CodeView as CodeView
+    from ._views import FrameView as FrameView
+    from ._views import Stub as Stub
+    from ._views import code_line as code_line
+    from ._views import frame_view as frame_view
+    from ._views import stub_name as stub_name
+
+_LAZY = {  # name -> the module that defines it
+    "safe_loads": "._safeload",
+    "ViewRepr": "._viewrepr",
+    "views_shown_by": "._viewrepr",
+    "UNBOUND": "._views",
+    "AnyCode": "._views",
+    "CellView": "._views",
+    "CodeView": "._views",
+    "FrameView": "._views",
+    "Stub": "._views",
+    "code_line": "._views",
+    "frame_view": "._views",
+    "stub_name": "._views",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "UNBOUND",

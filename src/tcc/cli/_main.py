@@ -65,14 +65,49 @@ def _check_args(args: argparse.Namespace) -> None:
         default_keep()  # a bad $TCC_KEEP is a usage error before any store is opened
 
 
-def _parser() -> argparse.ArgumentParser:
+class _Skipped:
+    """Stands in for the parser of a command this invocation does not run: every call on it
+    does nothing.  (Building all of them is ~10 ms of every `tcc resume`.)"""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+class _OnlyCommand:
+    """``add_subparsers()``'s action, building only the parser of ``command`` (all of them
+    when it is None: `tcc --help`, or a command argparse should call unknown)."""
+
+    def __init__(self, sub: Any, command: str | None) -> None:
+        self.sub = sub
+        self.command = command
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self.command is None or name == self.command:
+            return self.sub.add_parser(name, **kwargs)
+        return _Skipped()
+
+
+COMMANDS = ("run", "resume", "retry", "signal", "approve", "reject", "cancel", "fork", "inspect",
+            "worker", "ls", "show", "gc", "init", "ui", "info")
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, if it names one of :data:`COMMANDS` (the top-level
+    options take no values, so it is the first word that is not an option)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tcc",
         description="Transparent continuation checkpointing: crash-proof async Python agents.",
     )
     parser.add_argument("--version", action="version", version=f"tcc {_version.__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub: Any = _OnlyCommand(parser.add_subparsers(dest="command", metavar="COMMAND"), command)
 
     run = sub.add_parser("run", help="run SCRIPT[:FUNC] as a durable run")
     _common(run)
@@ -448,11 +483,12 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
 def _cmd_ui(args: argparse.Namespace) -> int:
     from . import ui
-    from .ui._server import is_loopback
 
     missing = ui.missing_extra()
     if missing:
         raise TccError(missing)
+    from .ui._server import is_loopback  # (imports Starlette)
+
     if not is_loopback(args.host) and not args.allow_remote:  # before any store is opened
         raise UsageError(f"--host {args.host} is not a loopback address: anyone who can reach it and "
                          "learns the token could act on your runs, over unencrypted HTTP; pass "
@@ -510,8 +546,9 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 
 def _main(argv: Sequence[str] | None) -> int:
     warnings.showwarning = _show_warning
-    parser = _parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(_command_of(words))
+    args = parser.parse_args(words)
     if getattr(args, "command", None) in ("run", "resume"):
         import signal
 

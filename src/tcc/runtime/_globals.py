@@ -89,11 +89,24 @@ class ModuleState:
         self._first: dict[str, dict[str, Any]] = {}
         self._seen_modules = 0
         self._modules: list[types.ModuleType] = []
+        # module name -> (the module, whether it is the agent's): a refresh judges only the
+        # modules imported since the last one
+        self._verdicts: dict[str, tuple[types.ModuleType, bool]] = {}
         self.refresh()
 
     # ----------------------------------------------------------- which modules
 
     def _belongs(self, module: types.ModuleType) -> bool:
+        name = getattr(module, "__name__", None)
+        known = self._verdicts.get(name) if isinstance(name, str) else None
+        if known is not None and known[0] is module:
+            return known[1]
+        verdict = self._judge(module)
+        if isinstance(name, str):
+            self._verdicts[name] = (module, verdict)
+        return verdict
+
+    def _judge(self, module: types.ModuleType) -> bool:
         if module is self.script:
             return True
         file = getattr(module, "__file__", None)

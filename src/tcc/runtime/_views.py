@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from .. import errors
-from ..capture import load_payload, safe_loads, unseal
+from ..capture import load_payload, unseal
 from ..store import Event, JournalRecord, RunInfo, SnapshotInfo, Store
 from . import _report, _scripts
 from ._outcome import decode_result
@@ -57,6 +57,8 @@ def owner_alive(run: RunInfo) -> bool:
 
 def _payload(blob: bytes | None) -> tuple[bool, Any]:
     """(True, a view of ``blob``) from the restricted unpickler, or (False, why not)."""
+    from ..capture import safe_loads  # the restricted loader, for displays only
+
     if blob is None:
         return False, "<nothing recorded>"
     try:
@@ -290,6 +292,8 @@ def snapshot_state(store: Store, run_id: str, at: int | None = None, *,
         except (errors.TccError, ImportError, OSError, SyntaxError) as exc:
             notes.append(f"--unsafe-repr: the snapshot cannot be loaded ({exc}); showing the safe view")
     if stored is None:
+        from ..capture import safe_loads
+
         try:
             stored = safe_loads(payload)
         except Exception as exc:  # noqa: BLE001 - report damage, never crash

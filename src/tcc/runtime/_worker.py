@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Callable, cast
 
@@ -238,6 +237,8 @@ class Worker:
                 continue
             args = resume_command(self.store, run.run_id, self.command)
             self.log(f"worker: resuming {run.run_id} ({reason})")
+            import tempfile  # here: a `tcc resume` imports this module, and never gets here
+
             err = tempfile.TemporaryFile()
             self.errs[run.run_id] = err
             self.children[run.run_id] = subprocess.Popen(
