@@ -504,9 +504,205 @@ tcc_write_frame(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- segments of long lists (tcc.capture._segments) --------------------- *
+ *
+ * A snapshot of a long list whose first items have not changed since the
+ * previous snapshot reuses their serialised form.  "Not changed" is decided
+ * here, without touching any item's contents:
+ *
+ *   - the list holds, at [start, start + n), exactly the objects recorded
+ *     then (pointer equality, which the recorded tuple keeps alive);
+ *   - every item that is an exact dict still has the version tag recorded
+ *     then: CPython 3.11-3.13 give a dict a new, globally unique tag on every
+ *     change (PEP 509), and the dict's values are immutable (checked in
+ *     Python when the segment was recorded);
+ *   - every such dict is referenced only by the list and the recorded tuple
+ *     (refcount 2): a dict that something else also holds would be rebuilt as
+ *     a copy, so the segment may not stand for it.
+ *
+ * Nothing is written; any argument of the wrong kind gives False or TypeError.
+ */
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+static inline uint64_t
+tcc_dict_tag(PyObject *d)
+{
+    return ((PyDictObject *)d)->ma_version_tag;
+}
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+static PyObject *
+tcc_dict_version(PyObject *module, PyObject *arg)
+{
+    if (!PyDict_CheckExact(arg)) {
+        PyErr_SetString(PyExc_TypeError, "dict_version() needs an exact dict");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(tcc_dict_tag(arg));
+}
+
+static PyObject *
+tcc_segment_unchanged(PyObject *module, PyObject *args)
+{
+    PyObject *list, *items, *versions;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!nO!O!:segment_unchanged", &PyList_Type, &list, &start,
+                          &PyTuple_Type, &items, &PyTuple_Type, &versions)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    if (PyTuple_GET_SIZE(versions) != n) {
+        PyErr_SetString(PyExc_ValueError, "segment_unchanged(): items and versions differ in length");
+        return NULL;
+    }
+    if (start < 0 || n > PyList_GET_SIZE(list) || start > PyList_GET_SIZE(list) - n) {
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (PyList_GET_ITEM(list, start + i) != item) {
+            Py_RETURN_FALSE;
+        }
+        PyObject *tag = PyTuple_GET_ITEM(versions, i);
+        if (tag == Py_None) {
+            continue;
+        }
+        if (!PyDict_CheckExact(item) || !PyLong_CheckExact(tag) || Py_REFCNT(item) != 2) {
+            Py_RETURN_FALSE;
+        }
+        unsigned long long want = PyLong_AsUnsignedLongLong(tag);
+        if (want == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        if (tcc_dict_tag(item) != (uint64_t)want) {
+            Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
+/* A pickler's persistent_id that costs one C call per object: None at once,
+ * unless the object is an exact list of at least min_items items, which goes
+ * to the Python callback (tcc.capture._segments.SegmentCache.pid). */
+
+#if PY_VERSION_HEX < 0x030C0000
+#include "structmember.h"
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_READONLY READONLY
+#endif
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *callback;
+    Py_ssize_t min_items;
+    vectorcallfunc vectorcall;
+} SegmentHook;
+
+static PyObject *
+segment_hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    SegmentHook *hook = (SegmentHook *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "SegmentHook takes one positional argument");
+        return NULL;
+    }
+    PyObject *obj = args[0];
+    if (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) < hook->min_items) {
+        Py_RETURN_NONE;
+    }
+    return PyObject_CallOneArg(hook->callback, obj);
+}
+
+static PyObject *
+segment_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *callback;
+    Py_ssize_t min_items;
+    static char *kwlist[] = {"callback", "min_items", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On:SegmentHook", kwlist, &callback, &min_items)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(callback)) {
+        PyErr_SetString(PyExc_TypeError, "SegmentHook needs a callable");
+        return NULL;
+    }
+    SegmentHook *hook = (SegmentHook *)type->tp_alloc(type, 0);
+    if (hook == NULL) {
+        return NULL;
+    }
+    hook->callback = Py_NewRef(callback);
+    hook->min_items = min_items < 1 ? 1 : min_items;
+    hook->vectorcall = segment_hook_vectorcall;
+    return (PyObject *)hook;
+}
+
+static int
+segment_hook_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(((SegmentHook *)self)->callback);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int
+segment_hook_clear(PyObject *self)
+{
+    Py_CLEAR(((SegmentHook *)self)->callback);
+    return 0;
+}
+
+static void
+segment_hook_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    segment_hook_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef segment_hook_members[] = {
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(SegmentHook, vectorcall), Py_READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot segment_hook_slots[] = {
+    {Py_tp_new, segment_hook_new},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_traverse, segment_hook_traverse},
+    {Py_tp_clear, segment_hook_clear},
+    {Py_tp_dealloc, segment_hook_dealloc},
+    {Py_tp_members, segment_hook_members},
+    {Py_tp_doc, "SegmentHook(callback, min_items): a pickler's persistent_id that hands\n"
+                "only exact lists of at least min_items items to callback."},
+    {0, NULL},
+};
+
+static PyType_Spec segment_hook_spec = {
+    .name = "tcc._native.SegmentHook",
+    .basicsize = sizeof(SegmentHook),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = segment_hook_slots,
+};
+
 /* ------------------------------------------------------------------------ */
 
 static PyMethodDef tcc_methods[] = {
+    {"dict_version", tcc_dict_version, METH_O,
+     "dict_version(d) -> int\n\n"
+     "The version tag of an exact dict (PEP 509): new on every change."},
+    {"segment_unchanged", tcc_segment_unchanged, METH_VARARGS,
+     "segment_unchanged(list, start, items, versions) -> bool\n\n"
+     "Whether list[start:start+len(items)] holds exactly ``items``, each dict among\n"
+     "them still at its recorded version and held by nothing but the list and\n"
+     "``items`` (versions[i] is None for an immutable item)."},
     {"read_frame", tcc_read_frame, METH_VARARGS,
      "read_frame(gen, null) -> (state, offset, slots, exc, func)\n\n"
      "Read the frame of a generator or coroutine without disturbing it."},
@@ -541,6 +737,15 @@ tcc_exec(PyObject *m)
         PyModule_AddIntConstant(m, "KIND_EXC_ITEMS", TCC_KIND_EXC_ITEMS) < 0) {
         return -1;
     }
+    PyObject *hook_type = PyType_FromModuleAndSpec(m, &segment_hook_spec, NULL);
+    if (hook_type == NULL) {
+        return -1;
+    }
+    if (PyModule_AddObjectRef(m, "SegmentHook", hook_type) < 0) {
+        Py_DECREF(hook_type);
+        return -1;
+    }
+    Py_DECREF(hook_type);
     /* The interpreter this was compiled for; checked at import so that a
      * module built for 3.12.0 never runs inside 3.12.x with another ABI. */
     return PyModule_AddStringConstant(m, "BUILT_FOR", PY_VERSION);

@@ -34,3 +34,18 @@ def check_kinds(slots: tuple[Any, ...], kinds: Any, null: object, lasti_max: int
 def write_frame(gen: Any, code: Any, state: int, offset: int, slots: tuple[Any, ...],
                 exc: BaseException | None, null: object, /) -> None:
     """Validate a frame record, then write it into a fresh generator."""
+
+def dict_version(d: dict[Any, Any], /) -> int:
+    """The version tag of an exact dict (PEP 509): new on every change."""
+
+def segment_unchanged(lst: list[Any], start: int, items: tuple[Any, ...],
+                      versions: tuple[int | None, ...], /) -> bool:
+    """Whether ``lst[start:start+len(items)]`` holds exactly ``items``, each dict among them
+    still at its recorded version and held by nothing but the list and ``items``."""
+
+class SegmentHook:
+    """A pickler's ``persistent_id`` that costs one C call per object: None, unless the
+    object is an exact list of at least ``min_items`` items, which goes to ``callback``."""
+
+    def __init__(self, callback: Any, min_items: int) -> None: ...
+    def __call__(self, obj: Any, /) -> Any: ...

@@ -23,6 +23,7 @@ from ._frames import code_of as code_of
 from ._frames import slot_names as slot_names
 from ._fingerprint import fingerprint as fingerprint
 from ._pickler import register_reducer as register_reducer
+from ._segments import SegmentCache as SegmentCache
 
 # What only a display of snapshots uses (``tcc inspect``, ``tcc show``, the dashboard) is
 # imported when first asked for: the restricted loader and its views cost a `tcc resume`
@@ -72,6 +73,7 @@ __all__ = [
     "CellView",
     "CodeView",
     "FrameView",
+    "SegmentCache",
     "Stub",
     "ViewRepr",
     "code_line",

@@ -31,8 +31,8 @@ def _deep_recursion() -> Iterator[None]:
             sys.setrecursionlimit(old)
 
 
-def _new_pickler(buf: io.BytesIO) -> Pickler:
-    return Pickler(buf, protocol=PROTOCOL)
+def _new_pickler(buf: io.BytesIO, segments: Any = None) -> Pickler:
+    return Pickler(buf, protocol=PROTOCOL, segments=segments)
 
 
 def dump_payload(obj: Any) -> bytes:
@@ -40,22 +40,25 @@ def dump_payload(obj: Any) -> bytes:
     return _dump(obj, b"")
 
 
-def dump_stored(obj: Any) -> bytes:
+def dump_stored(obj: Any, *, segments: Any = None) -> bytes:
     """``seal(dump_payload(obj), compress=False, stored=True)`` without copying the pickle
     (the envelope's header is written first, then the pickle after it): the blob the
-    runtime hands to a store as a snapshot.  Raises CaptureError."""
-    return _dump(obj, _STORED_HEADER)
+    runtime hands to a store as a snapshot.  Raises CaptureError.
+
+    ``segments`` (a :class:`SegmentCache` kept between the dumps of one run) lets long
+    lists reuse what the previous dump pickled of them (see ``_segments``)."""
+    return _dump(obj, _STORED_HEADER, segments)
 
 
 _STORED_HEADER = _blob.stored_header()
 
 
-def _dump(obj: Any, prefix: bytes) -> bytes:
+def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes:
     buf = io.BytesIO()
     buf.write(prefix)
     try:
         with _deep_recursion():
-            _new_pickler(buf).dump(obj)
+            _new_pickler(buf, segments).dump(obj)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
         with _deep_recursion():
             message = _diagnose.explain(obj, exc, _new_pickler)
@@ -128,6 +131,17 @@ def _discard_fresh(keep: list[tuple[Any, tuple[Any, ...]]]) -> None:
             gen.close()
 
 
+class _Loader(pickle.Unpickler):
+    """The unpickler of snapshots: pickle's own, plus the lists written as segments."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self._lists = _records.PersistentLists()
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._lists(pid)
+
+
 def load_payload(payload: bytes, *, edit: Any = None) -> Any:
     """Unpickle a payload made by :func:`dump_payload` and resume its frames.
 
@@ -139,7 +153,7 @@ def load_payload(payload: bytes, *, edit: Any = None) -> Any:
     _records.LOAD.pending, _records.LOAD.fresh = [], []
     try:
         try:
-            obj = pickle.loads(payload)
+            obj = _Loader(io.BytesIO(payload)).load()
         except errors.TccError:
             raise
         except (ImportError, AttributeError) as exc:

@@ -274,7 +274,16 @@ def _on_a_stack_of(size: int, work: Callable[[], Any]) -> Any:
 
 
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle's Pickler plus frames, shared cells and exception chains."""
+    """cloudpickle's Pickler plus frames, shared cells and exception chains; with a
+    ``segments`` cache (:class:`tcc.capture._segments.SegmentCache`), long lists reuse
+    the pickled segments of the previous dump that did not change."""
+
+    def __init__(self, file: Any, protocol: int | None = None, *, segments: Any = None) -> None:
+        super().__init__(file, protocol=protocol)
+        if segments is not None:
+            from ._segments import hook
+
+            self.persistent_id = hook(segments)
 
     def dump(self, obj: Any) -> Any:
         """Pickle ``obj``; on a helper thread with a large enough stack if this thread's

@@ -257,3 +257,43 @@ def fill_exception(exc: BaseException, state: tuple[Any, Any, Any, bool]) -> Non
     exc.__cause__ = cause
     exc.__context__ = context
     exc.__suppress_context__ = suppress
+
+
+
+SEGMENTS_PID = "tcc:segments"
+
+
+def join_segments(blobs: Any, tail: Any) -> list[Any]:
+    """The list :class:`tcc.capture._segments.SegmentCache` wrote as segments: the items of
+    each segment's pickle, then ``tail``'s."""
+    import pickle
+
+    if type(blobs) is not tuple or type(tail) is not list \
+            or not all(type(b) is bytes for b in blobs):
+        raise errors.CorruptSnapshotError("malformed list segments in the snapshot")
+    out: list[Any] = []
+    for blob in blobs:
+        part = pickle.loads(blob)
+        if type(part) is not list:
+            raise errors.CorruptSnapshotError("a list segment in the snapshot is not a list")
+        out.extend(part)
+    out.extend(tail)
+    return out
+
+
+class PersistentLists:
+    """``persistent_load`` for the lists a pickler wrote as segments: one list per
+    persistent id object (every reference to the list refers to that one object)."""
+
+    def __init__(self) -> None:
+        self._built: dict[int, tuple[Any, list[Any]]] = {}
+
+    def __call__(self, pid: Any) -> list[Any]:
+        got = self._built.get(id(pid))
+        if got is not None and got[0] is pid:
+            return got[1]
+        if not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID):
+            raise errors.CorruptSnapshotError("unknown persistent id in the snapshot")
+        lst = join_segments(pid[1], pid[2])
+        self._built[id(pid)] = (pid, lst)
+        return lst

@@ -54,6 +54,7 @@ from ._allowlist import (
     real_type,
 )
 from ._api import _deep_recursion
+from ._records import SEGMENTS_PID
 from ._standins import CLOUDPICKLE, RECORDS
 from ._views import (
     AwareView,
@@ -80,6 +81,33 @@ class _Globals:
         self._allowed: dict[type, AllowedType] = {}
         self.budget = budget
         self.spent = 0
+
+    def persistent_load(self, pid: Any) -> Any:
+        """A list written as segments (``tcc.capture._segments``): each segment read by a
+        restricted unpickler too, within this load's budget; the same list for every
+        reference to it.  Anything else a persistent id names is shown as a stub."""
+        built = self.__dict__.setdefault("_segment_lists", {})
+        got = built.get(id(pid))
+        if got is not None and got[0] is pid:
+            return got[1]
+        if not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID
+                and type(pid[1]) is tuple and type(pid[2]) is list
+                and all(type(b) is bytes for b in pid[1])):
+            return self.stub("", "persistent id", unbuilt=True, why="not a list tcc wrote")()
+        out: list[Any] = []
+        for blob in pid[1]:
+            self.spent += len(blob)
+            if self.spent > self.budget:
+                out.append(self.stub("", "list segment", unbuilt=True, why=TOO_LARGE)())
+                continue
+            part = safe_loads(blob)
+            if type(part) is list:
+                out.extend(part)
+            else:
+                out.append(self.stub("", "list segment", unbuilt=True, why="not a list")())
+        out.extend(pid[2])
+        built[id(pid)] = (pid, out)
+        return out
 
     def stub(self, module: str, qualname: str, *, unbuilt: bool = False, why: str | None = None) -> StubMeta:
         key = (module, qualname, unbuilt, why)
@@ -227,6 +255,9 @@ class SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         return self.globals.find_class(module, name)
 
+    def persistent_load(self, pid: Any) -> Any:
+        return self.globals.persistent_load(pid)
+
 
 class TolerantUnpickler(pickle._Unpickler):
     """The restricted unpickler in pure Python, where a value that cannot be
@@ -257,6 +288,9 @@ class TolerantUnpickler(pickle._Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         return self.globals.find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self.globals.persistent_load(pid)
 
     # applying what find_class handed out ----------------------------------------
 

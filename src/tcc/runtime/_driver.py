@@ -42,7 +42,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from .. import errors
-from ..capture import dump_stored
+from ..capture import SegmentCache, dump_stored, native_available
 from ..effects import (CheckpointRequest, EffectRequest, GatherRequest, SleepRequest, SpawnRequest,
                        WaitRequest, step_agent, unawaited)
 from ..store import Completion, Store
@@ -104,6 +104,9 @@ class Driver:
         self.store = store
         self.run_id = run_id
         self.epoch = epoch
+        # long lists (a transcript) keep the pickled segments that did not change from
+        # one snapshot to the next (tcc.capture._segments)
+        self.segments = SegmentCache() if native_available() else None
         self.snapshots = snapshots
         self.checkpoint_every = checkpoint_every
         self.lease = lease
@@ -316,7 +319,7 @@ class Driver:
         try:
             state = RunState(coro, resumption, self._calls, self.waits, module_state)
             try:
-                payload = dump_stored(pack_state(state))
+                payload = dump_stored(pack_state(state), segments=self.segments)
             except errors.CaptureError:
                 released = self.modules.release_mutated(module_state) if self.modules else []
                 if not released:
@@ -324,7 +327,8 @@ class Driver:
                 self.store.add_event(self.run_id, "module_state_released", {"globals": released},
                                      epoch=self.epoch)
                 module_state = self.modules.capture() if self.modules is not None else {}
-                payload = dump_stored(pack_state(state._replace(module_state=module_state)))
+                payload = dump_stored(pack_state(state._replace(module_state=module_state)),
+                                      segments=self.segments)
         except errors.CaptureError as exc:
             if completion is not None:
                 self.store.append_completion(self.run_id, self.epoch, completion)

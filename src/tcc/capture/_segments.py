@@ -1,0 +1,146 @@
+"""Long lists in snapshots, serialised once per segment: O(delta) steps for growing transcripts.
+
+An agent's state usually holds one list that grows by an item at every step: the
+transcript.  Pickling it whole at every checkpoint costs O(state) (~2-4 ms at 10,000
+messages), although only its end changed.  With a :class:`SegmentCache` (one per run,
+kept by the runtime between checkpoints), a list of at least ``2 * SEGMENT`` items is
+written as its full segments of ``SEGMENT`` items, each one a separate pickle kept from
+the previous checkpoint while its items have not changed, followed by the remaining
+items, pickled normally.  The list is handed to the cache by the pickler's
+``persistent_id`` (``tcc._native.SegmentHook``: one C call per object, which passes on
+only long lists; the C pickler gives lists to no other hook), and written as the
+persistent id ``("tcc:segments", blobs, tail)``; loading rebuilds one list from it
+(:func:`tcc.capture._records.join_segments`), the same list for every reference to it.
+
+A segment is reused only when it stands for exactly what is in the list now, decided
+without reading any item's contents (``tcc._native.segment_unchanged``):
+
+* the list holds the same item objects at those positions (the cache keeps them
+  alive, so an address cannot be reused by another object);
+* each item is immutable -- ``str``, ``bytes``, numbers, ``bool``, ``None``, or
+  tuples of those -- or an exact ``dict`` of ``str`` keys and such values whose
+  version tag (PEP 509; every change gives a dict a new, globally unique one) has not
+  moved;
+* nothing but the list (and the cache) holds such a dict: a dict that is also a local,
+  or in another list, would be rebuilt as a copy, so its segment is pickled normally
+  with the rest of the state, where the pickler's memo keeps the sharing.
+
+Anything else -- a list of objects, of lists, of dicts holding lists, a list shorter
+than ``2 * SEGMENT`` -- is pickled as before.  The one difference a program could see:
+equal strings (and other immutable values) in different segments come back as equal
+objects that may not be identical (``is``), as after any copy.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from ._frames import native
+from ._records import SEGMENTS_PID
+
+SEGMENT = 256
+MIN_ITEMS = 2 * SEGMENT
+MAX_LISTS = 32  # lists remembered per cache (least recently pickled ones are forgotten)
+_ATOMS = frozenset({str, bytes, int, float, complex, bool, type(None)})
+_INELIGIBLE = object()
+
+
+def _immutable(value: Any, depth: int = 0) -> bool:
+    t = type(value)
+    if t in _ATOMS:
+        return True
+    return t is tuple and depth < 8 and all(_immutable(v, depth + 1) for v in value)
+
+
+def _version(item: Any) -> Any:
+    """None for an immutable item, a dict's version tag, or ``_INELIGIBLE``."""
+    if _immutable(item):
+        return None
+    if type(item) is dict and all(type(k) is str for k in item) \
+            and all(_immutable(v) for v in item.values()):
+        return native().dict_version(item)
+    return _INELIGIBLE
+
+
+class _Segment:
+    __slots__ = ("items", "versions", "blob")
+
+    def __init__(self, items: tuple[Any, ...], versions: tuple[Any, ...], blob: bytes) -> None:
+        self.items = items
+        self.versions = versions
+        self.blob = blob
+
+
+class SegmentCache:
+    """The segments of the long lists a run's snapshots hold, from one checkpoint to the
+    next.  It keeps those lists and their items alive until it is dropped."""
+
+    def __init__(self) -> None:
+        self._lists: dict[int, tuple[list[Any], list[_Segment]]] = {}
+        self._pids: dict[int, Any] = {}
+        self.reused = 0  # segments taken from the cache (for tests and benchmarks)
+        self.written = 0  # segments pickled anew
+
+    def _record(self, lst: list[Any], start: int) -> _Segment | None:
+        items = tuple(lst[start:start + SEGMENT])
+        versions = tuple(_version(item) for item in items)
+        if any(v is _INELIGIBLE for v in versions):
+            return None
+        # the same test a later checkpoint applies: in particular, no dict among the
+        # items is held by anything but the list and ``items``
+        if not native().segment_unchanged(lst, start, items, versions):
+            return None
+        self.written += 1
+        return _Segment(items, versions, pickle.dumps(list(items), protocol=5))
+
+    def begin(self) -> None:
+        """A new dump starts: forget the previous dump's persistent ids."""
+        self._pids = {}
+
+    def pid(self, lst: list[Any]) -> Any:
+        """The persistent id that stands for ``lst`` in this dump (the same object for
+        every reference to it, so that it loads as one list), or None: pickle it as
+        usual."""
+        pids = self._pids
+        known = pids.get(id(lst))
+        if known is not None:
+            return known[1]
+        reduced = self._reduce(lst)
+        pid = None if reduced is None else (SEGMENTS_PID, *reduced)
+        pids[id(lst)] = (lst, pid)  # keeps ``lst`` alive: its id is not reused in this dump
+        return pid
+
+    def _reduce(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any]] | None:
+        if len(lst) < MIN_ITEMS:
+            return None
+        entry = self._lists.pop(id(lst), None)
+        segments = entry[1] if entry is not None and entry[0] is lst else []
+        self._lists[id(lst)] = (lst, segments)  # most recently used last
+        while len(self._lists) > MAX_LISTS:
+            del self._lists[next(iter(self._lists))]
+        check = native().segment_unchanged
+        for k in range(len(lst) // SEGMENT):
+            start = k * SEGMENT
+            if k < len(segments):
+                seg = segments[k]
+                if check(lst, start, seg.items, seg.versions):
+                    self.reused += 1
+                    continue
+                del segments[k:]
+            new = self._record(lst, start)
+            if new is None:
+                break
+            segments.append(new)
+        else:
+            k = len(lst) // SEGMENT
+        del segments[k:]
+        if not segments:
+            return None
+        return tuple(s.blob for s in segments), lst[k * SEGMENT:]
+
+
+def hook(cache: SegmentCache) -> Any:
+    """The ``persistent_id`` for a pickler that writes long lists through ``cache``."""
+    cache.begin()
+    return native().SegmentHook(cache.pid, MIN_ITEMS)

@@ -1,0 +1,234 @@
+"""Long lists written as reusable segments (tcc.capture._segments): a snapshot taken with a
+SegmentCache restores equal to one taken without, after any mutation, and keeps sharing."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tcc import errors
+from tcc.capture import SegmentCache, _segments, dump_stored, load_payload, native_available, safe_loads, unseal
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="needs the native module")
+
+
+def _dump(state, cache=None):
+    return unseal(dump_stored(state, segments=cache), authenticated=True)
+
+
+def _load(payload):
+    return load_payload(payload)
+
+
+def _messages(n, start=0):
+    return [{"role": "user" if i % 2 else "assistant", "content": f"message {i} " * 5} for i in range(start, start + n)]
+
+
+def test_a_growing_transcript_reuses_its_unchanged_segments():
+    cache = SegmentCache()
+    transcript = _messages(1000)
+    state = {"transcript": transcript, "step": 0}
+    _dump(state, cache)
+    assert (cache.written, cache.reused) == (3, 0)  # 1000 // 256 full segments
+    for step in range(1, 300):
+        transcript.append({"role": "user", "content": f"new {step}"})
+        state["step"] = step
+        payload = _dump(state, cache)
+    assert cache.written == 1299 // 256  # each segment was pickled once, when it filled up
+    assert cache.reused >= 3 * 299
+    restored = _load(payload)
+    assert restored == state
+    assert safe_loads(payload)["transcript"] == transcript  # the restricted loader reads them too
+
+
+def test_every_reference_to_the_list_loads_as_one_list():
+    cache = SegmentCache()
+    transcript = [f"line {i}" for i in range(600)]
+    state = {"a": transcript, "b": transcript, "nested": [transcript]}
+    restored = _load(_dump(state, cache))
+    assert restored == state
+    assert restored["a"] is restored["b"] is restored["nested"][0]
+    viewed = safe_loads(_dump(state, cache))
+    assert viewed["a"] is viewed["b"]
+
+
+def test_a_changed_message_is_written_again():
+    cache = SegmentCache()
+    transcript = _messages(600)
+    state = {"t": transcript}
+    _dump(state, cache)
+    for change in (lambda: transcript[3].update(content="edited"),
+                   lambda: transcript[300].pop("role"),
+                   lambda: transcript[10].clear(),
+                   lambda: transcript.__setitem__(5, {"role": "x", "content": "replaced"}),
+                   lambda: transcript.insert(0, {"role": "system", "content": "first"}),
+                   lambda: transcript.__delitem__(slice(100, 110)),
+                   lambda: transcript.reverse()):
+        change()
+        assert _load(_dump(state, cache)) == state
+
+
+def test_a_message_held_elsewhere_keeps_its_identity():
+    """A dict that is also a local (or in another list) is not written in a segment: a
+    segment would rebuild it as a copy."""
+    cache = SegmentCache()
+    transcript = _messages(600)
+    _dump({"t": transcript}, cache)
+    held = transcript[7]
+    state = {"t": transcript, "held": held}
+    restored = _load(_dump(state, cache))
+    assert restored == state and restored["held"] is restored["t"][7]
+    held["content"] = "changed through the other reference"
+    restored = _load(_dump(state, cache))
+    assert restored["t"][7]["content"] == "changed through the other reference"
+    assert restored["held"] is restored["t"][7]
+
+
+def test_lists_of_other_things_are_pickled_as_before():
+    cache = SegmentCache()
+    for items in ([[i] for i in range(600)], [{"v": [i]} for i in range(600)], [object] * 600,
+                  [str(i) for i in range(100)]):
+        payload = _dump({"x": items}, cache)
+        assert b"tcc:segments" not in payload
+        assert _load(payload) == {"x": items}
+    assert cache.written == 0
+
+
+def test_without_a_cache_nothing_changes():
+    state = {"t": _messages(600)}
+    assert b"tcc:segments" not in _dump(state)
+    assert b"tcc:segments" in _dump(state, SegmentCache())
+
+
+def test_a_malformed_segment_id_is_refused_not_run():
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    for pid in (("tcc:segments", "not a tuple", []), ("tcc:segments", (b"x",), "no list"),
+                ("other", (), []), ("tcc:segments", (pickle.dumps({"a": 1}),), [])):
+        class P(pickle.Pickler):
+            def persistent_id(self, obj, pid=pid):
+                return pid if obj == "MARK" else None
+
+        import io
+        buf = io.BytesIO()
+        P(buf, protocol=5).dump(["MARK"])
+        with pytest.raises(errors.CorruptSnapshotError):
+            load_payload(buf.getvalue())
+        safe_loads(buf.getvalue())  # shown as a stub, never raised or run
+
+
+def test_the_native_check_refuses_bad_input_without_crashing():
+    from tcc import _native
+
+    lst = [{"a": 1}, "x"]
+    items = tuple(lst)
+    versions = (_native.dict_version(lst[0]), None)
+    assert _native.segment_unchanged(lst, 0, items, versions)
+    assert not _native.segment_unchanged(lst, 1, items, versions)
+    assert not _native.segment_unchanged(lst, -5, items, versions)
+    assert not _native.segment_unchanged(lst, sys.maxsize, items, versions)
+    assert not _native.segment_unchanged(lst, 0, items, ("not an int", None))
+    assert not _native.segment_unchanged(lst, 0, items, (-1, None))
+    assert not _native.segment_unchanged(lst, 0, items, (2 ** 70, None))
+    with pytest.raises(ValueError):
+        _native.segment_unchanged(lst, 0, items, (None,))
+    with pytest.raises(TypeError):
+        _native.segment_unchanged((1, 2), 0, items, versions)
+    with pytest.raises(TypeError):
+        _native.dict_version([])
+    with pytest.raises(TypeError):
+        _native.SegmentHook(None, 3)
+
+
+# -------------------------------------------------------------- property test
+
+_atoms = st.one_of(st.text(max_size=8), st.integers(), st.none(), st.booleans(),
+                   st.floats(allow_nan=False), st.binary(max_size=4))
+_dicts = st.dictionaries(st.text(max_size=4), _atoms, max_size=3)
+# mostly what segments hold (messages, strings), sometimes what they refuse (a list)
+_items = st.one_of(_dicts, _dicts, _dicts, _atoms, _atoms, st.tuples(_atoms, _atoms),
+                   st.lists(_atoms, max_size=2))
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("append"), _items),
+    st.tuples(st.just("extend"), st.lists(_items, max_size=12)),
+    st.tuples(st.just("set"), st.integers(0, 10**6), _items),
+    st.tuples(st.just("edit"), st.integers(0, 10**6), st.text(max_size=3), _atoms),
+    st.tuples(st.just("delete"), st.integers(0, 10**6)),
+    st.tuples(st.just("insert"), st.integers(0, 10**6), _items),
+    st.tuples(st.just("hold"), st.integers(0, 10**6)),
+    st.tuples(st.just("edit_held"), st.text(max_size=3), _atoms),
+    st.tuples(st.just("drop_held")),
+    st.tuples(st.just("alias")),
+    st.tuples(st.just("truncate"), st.integers(0, 40)),
+), max_size=40)
+
+
+def _apply(state, op):
+    t = state["t"]
+    op = copy.deepcopy(op)  # hypothesis keeps the examples: the state must be their only holder
+    kind = op[0]
+    if kind == "append":
+        t.append(op[1])
+    elif kind == "extend":
+        t.extend(op[1])
+    elif kind == "set" and t:
+        t[op[1] % len(t)] = op[2]
+    elif kind == "edit" and t:
+        target = t[op[1] % len(t)]
+        if isinstance(target, dict):
+            target[op[2]] = op[3]
+    elif kind == "delete" and t:
+        del t[op[1] % len(t)]
+    elif kind == "insert":
+        t.insert(op[1] % (len(t) + 1), op[2])
+    elif kind == "hold" and t:
+        state["held"] = t[op[1] % len(t)]
+    elif kind == "edit_held" and isinstance(state.get("held"), dict):
+        state["held"][op[1]] = op[2]
+    elif kind == "drop_held":
+        state.pop("held", None)
+    elif kind == "alias":
+        state["again"] = t
+    elif kind == "truncate":
+        del t[op[1]:]
+
+
+def _shape(state):
+    """Which references in the state are the same object (what equality cannot see)."""
+    t = state["t"]
+    held = state.get("held")
+    return (state.get("again") is t if "again" in state else None,
+            [i for i, x in enumerate(t) if x is held] if held is not None and not isinstance(held, (str, int, float, bytes, bool, tuple)) else None)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(start=st.lists(_items, min_size=0, max_size=40), ops=_ops)
+def test_incremental_snapshots_restore_equal_to_full_ones(monkeypatch, start, ops):
+    """After every mutation, a snapshot through the cache restores equal to the live state
+    and to a snapshot without it, with the same sharing (small segments, so that every
+    boundary case comes up)."""
+    monkeypatch.setattr(_segments, "SEGMENT", 4)
+    monkeypatch.setattr(_segments, "MIN_ITEMS", 8)
+    cache = SegmentCache()
+    state = {"t": copy.deepcopy(start)}
+    for op in [("extend", [])] + ops:
+        _apply(state, op)
+        incremental = _load(_dump(state, cache))
+        full = _load(_dump(state))
+        assert incremental == full == state
+        assert _shape(incremental) == _shape(full) == _shape(state)
+
+
+@pytest.mark.slow
+@settings(max_examples=10_000, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(start=st.lists(_items, min_size=0, max_size=40), ops=_ops)
+def test_incremental_snapshots_restore_equal_to_full_ones_at_length(monkeypatch, start, ops):
+    test_incremental_snapshots_restore_equal_to_full_ones.hypothesis.inner_test(monkeypatch, start, ops)
