@@ -42,9 +42,14 @@ def test_fork_set_unknown_local_is_a_usage_error(tmp_path):
     """--set of a name the frame does not have is refused and lists the locals."""
     cli = Cli(tmp_path)
     cli.run("run", "--run-id", "p3", f"{WAIT}:gated", check=True)
+    before = cli.show("p3")["events"]
     proc = cli.run("fork", "p3", "--set", "nope=1")
     assert proc.returncode == 2 and "has no local 'nope'" in proc.stderr and "before" in proc.stderr
     assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["p3"]
+    # refused before the fork existed: the parent's history does not name a child that never was
+    assert cli.show("p3")["events"] == before
+    proc = cli.run("fork", "p3", "--answer", "1")  # it waits for an approval: nothing to replace
+    assert proc.returncode == 2 and cli.show("p3")["events"] == before
 
 
 def test_fork_of_a_missing_snapshot_is_a_usage_error_like_inspect(tmp_path):

@@ -168,25 +168,29 @@ def fork(
         raise errors.UsageError(
             f"run {run_id} has no snapshot {at}; retained: {', '.join(map(str, numbers))}")
     _scripts.resolve(parent.entry)  # the frames' functions must be importable
+    # Everything that can be refused (a local that does not exist, an answer with nothing
+    # to replace) is checked on the parent's snapshot, before the fork exists: a refused
+    # fork leaves no trace on the parent.
+    payload = store.load_snapshot(run_id, at)
+    answering = answer is not _NO_ANSWER
+    kinds: list[tuple[str, Any]] = []
+    number = at if at is not None else max(numbers)
+
+    def edit(stored: Any, records: list[tuple[Any, Any]]) -> None:
+        root = unpack_state(stored, run_id, number).coro
+        kinds.append(_awaited(root, records))
+        if sets:
+            _setter(sets, answering)(root, records)
+
+    state = unpack_state(load_payload(unseal(payload, authenticated=True),
+                                      edit=edit if sets or answering else None), run_id, number)
+    if answering:
+        state = _answered(state, answer, kinds[0] if kinds else ("", None), run_id, at)
+    edited = dump_stored(pack_state(state)) if sets or answering else None
     child = store.fork_run(run_id, at, new_run_id=new_run_id)
     try:
-        payload = store.load_snapshot(child.run_id)
-        answering = answer is not _NO_ANSWER
-        kinds: list[tuple[str, Any]] = []
-
-        number = at if at is not None else max(numbers)
-
-        def edit(stored: Any, records: list[tuple[Any, Any]]) -> None:
-            root = unpack_state(stored, run_id, number).coro
-            kinds.append(_awaited(root, records))
-            if sets:
-                _setter(sets, answering)(root, records)
-
-        state = unpack_state(load_payload(unseal(payload, authenticated=True), edit=edit if sets or answering else None), run_id, number)
-        if answering:
-            state = _answered(state, answer, kinds[0] if kinds else ("", None), run_id, at)
-        if sets or answering:
-            store.checkpoint(child.run_id, child.epoch, dump_stored(pack_state(state)))
+        if edited is not None:
+            store.checkpoint(child.run_id, child.epoch, edited)
         if state.resumption[0] == "request" and isinstance(state.resumption[1], WaitRequest):
             req = state.resumption[1]  # the fork waits for its own answer
             store.add_event(child.run_id, "wait", {"id": req.wait_id, "name": req.name,
