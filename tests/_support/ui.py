@@ -55,6 +55,11 @@ class Ui:
         return f"{parts.scheme}://{parts.netloc}"
 
     @property
+    def cookie(self) -> str:
+        """The name of the cookie that holds the token (one per port)."""
+        return f"tcc_ui_token_{urlsplit(self.url).port}"
+
+    @property
     def token(self) -> str:
         return self.url.split("token=", 1)[1]
 
@@ -69,7 +74,7 @@ class Ui:
         elif token == "query":
             url += ("&" if "?" in url else "?") + f"token={self.token}"
         elif token == "cookie":
-            hdrs["Cookie"] = f"tcc_ui_token={self.token}"
+            hdrs["Cookie"] = f"{self.cookie}={self.token}"
         elif token is not None:
             hdrs["Authorization"] = f"token {token}"
         data = raw

@@ -312,7 +312,7 @@ def test_a_fork_with_an_edited_local_resumes_with_it(ui: Ui, store: str) -> None
     assert "already exists" in error_of(ui.post(f"/api/runs/{run_id}/fork", {"run_id": fork_id}), 409)
     assert "already exists" in error_of(ui.post(f"/api/runs/{run_id}/fork", {"run_id": run_id}), 409)
     error_of(ui.post(f"/api/runs/{run_id}/fork", {"set": {"no_such_local": 1}, "run_id": new_id("f")}), 400)
-    error_of(ui.post(f"/api/runs/{run_id}/fork", {"at": 99, "run_id": new_id("f")}), 400)
+    error_of(ui.post(f"/api/runs/{run_id}/fork", {"at": 99, "run_id": new_id("f")}), 404)  # as /stack?at=99
     assert set(listed(store)) == before
 
 
@@ -482,7 +482,7 @@ def test_no_token_is_401_and_a_wrong_one_is_403(ui: Ui, store: str) -> None:
     assert "wrong access token" in error_of(ui.get("/api/runs", token="not-the-token"), 403)
     assert ui.get(f"/runs/{run_id}", token="not-the-token").status == 403
     assert ui.get("/api/runs?token=not-the-token", token=None).status == 403
-    assert ui.get("/api/runs", token=None, headers={"Cookie": "tcc_ui_token=nope"}).status == 403
+    assert ui.get("/api/runs", token=None, headers={"Cookie": f"{ui.cookie}=nope"}).status == 403
     # and an action without a (good) token does nothing
     error_of(ui.post(f"/api/runs/{run_id}/approve", {}, token=None), 401)
     error_of(ui.post(f"/api/runs/{run_id}/approve", {}, token="not-the-token"), 403)
@@ -505,7 +505,7 @@ def test_opening_the_printed_url_sets_a_strict_cookie_and_drops_the_token(ui: Ui
     assert answer.status == 303
     assert answer.headers["location"] == "/"
     cookie = answer.headers["set-cookie"]
-    assert cookie.startswith(f"tcc_ui_token={ui.token};")
+    assert cookie.startswith(f"{ui.cookie}={ui.token};")
     attrs = {a.strip().lower() for a in cookie.split(";")[1:]}
     assert "httponly" in attrs and "samesite=strict" in attrs and "path=/" in attrs
     kept = ui.get("/runs/x/stack?at=1", token="query")

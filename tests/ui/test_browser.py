@@ -36,8 +36,10 @@ if not (CHROMIUM and DRIVER):
                 allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -62,6 +64,17 @@ def _shot(driver: Any, name: str) -> pathlib.Path:
     driver.save_screenshot(str(path))
     print(f"screenshot: {path}")
     return path
+
+
+def _click(driver: Any, wait: Any, selector: str) -> None:
+    """Click what ``selector`` finds, again if the live page replaced it meanwhile."""
+    for _ in range(20):
+        try:
+            wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, selector))).click()
+            return
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} kept being replaced")
 
 
 def _confirm(driver: Any, wait: Any) -> None:
@@ -105,16 +118,22 @@ def test_approve_a_parked_run_and_watch_it_complete(tmp_path: pathlib.Path, brow
 
         # 4. approve it, from the run's page (with the confirmation step)
         browser.find_element(By.PARTIAL_LINK_TEXT, "run ").click()
-        approve = wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, 'button[data-action="approve"]')))
+        wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, 'button[data-action="approve"]')))
         browser.execute_script("window.tccMarker = 'same page'")  # gone if the page reloads
-        approve.find_element(By.XPATH, "..").find_element(By.NAME, "comment").send_keys("looks good")
-        approve.click()
+        # typing in the comment holds the live refresh off, so the card stays put
+        # Enter in the comment asks to approve (with the confirmation), as the button does
+        comment = browser.find_element(By.CSS_SELECTOR, '.wait-card input[name="comment"]')
+        comment.send_keys("looks good")
+        comment.send_keys(Keys.ENTER)
         _shot(browser, "confirm")
         _confirm(browser, wait)
+        assert "comment=" not in browser.current_url  # never submitted as a GET form
         wait.until(EC.text_to_be_present_in_element((By.ID, "flash"), "approve: done"))
 
-        # 5. resume it, and watch it complete on the open page (it polls; no reload)
-        browser.find_element(By.CSS_SELECTOR, 'button[data-action="resume"]').click()
+        # 5. the page now says the approval is answered and offers to resume; resume it, and
+        #    watch it complete on the open page (it polls; no reload)
+        wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, ".wait-card.answered"), "answered"))
+        _click(browser, wait, '.wait-card.answered button[data-action="resume"]')
         _confirm(browser, wait)
         WebDriverWait(browser, 60).until(
             EC.text_to_be_present_in_element((By.ID, "run-status"), "completed"))

@@ -20,20 +20,43 @@ APP_JS = r"""
     return typing || !confirmBox.hidden;
   }
 
+  var lost = false;
+
   function refresh(region) {
+    if (region.dataset.final === '1') { return Promise.resolve(); }
     return fetch(region.dataset.live, {credentials: 'same-origin', headers: {'Accept': 'text/html'}})
-      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (r) {
+        if (!r.ok) {
+          lost = true;
+          say('This page lost its dashboard (HTTP ' + r.status + (r.status === 401 || r.status === 403
+              ? ': the token changed; open the URL the running tcc ui printed' : '') + ')', true);
+          return null;
+        }
+        if (lost) { lost = false; flash.hidden = true; }
+        return r.text();
+      })
       .then(function (html) {
         if (html !== null && html !== region.dataset.html && !busy(region)) {
           region.innerHTML = html;
           region.dataset.html = html;
+          if (region.querySelector('[data-final]')) { region.dataset.final = '1'; }
         }
       })
-      .catch(function () { /* the server may be restarting: try again next tick */ });
+      .catch(function () {
+        lost = true;
+        say('This page cannot reach tcc ui (stopped?); it tries again every second', true);
+      });
+  }
+
+  // One round at a time: the next starts a second after the last one ended, so a slow
+  // store is never asked twice at once; a finished run's page stops asking.
+  function poll() {
+    Promise.all(Array.prototype.map.call(document.querySelectorAll('[data-live]'), refresh))
+      .then(function () { setTimeout(poll, 1000); });
   }
 
   function refreshAll() {
-    document.querySelectorAll('[data-live]').forEach(refresh);
+    document.querySelectorAll('[data-live]').forEach(function (r) { r.dataset.final = ''; refresh(r); });
   }
 
   function collect(form) {
@@ -58,16 +81,29 @@ APP_JS = r"""
     return body;
   }
 
-  document.addEventListener('click', function (ev) {
-    var button = ev.target.closest('button[data-action]');
-    if (!button) { return; }
-    ev.preventDefault();
+  function ask(button) {
     var body;
     try { body = collect(button.closest('form')); } catch (e) { say(e.message, true); return; }
     pending = {url: button.dataset.url, body: body, then: button.dataset.then || '', action: button.dataset.action};
     document.getElementById('confirm-text').textContent = button.dataset.confirm || ('Do ' + pending.action + '?');
     confirmBox.hidden = false;
     document.getElementById('confirm-yes').focus();
+  }
+
+  document.addEventListener('click', function (ev) {
+    var button = ev.target.closest('button[data-action]');
+    if (!button) { return; }
+    ev.preventDefault();
+    ask(button);
+  });
+
+  // Enter in an action's field asks for that action too; it never submits the form.
+  document.addEventListener('submit', function (ev) {
+    var form = ev.target.closest('form.act');
+    if (!form) { return; }
+    ev.preventDefault();
+    var button = form.querySelector('button[data-action]');
+    if (button) { ask(button); }
   });
 
   document.getElementById('confirm-no').addEventListener('click', function () {
@@ -89,14 +125,14 @@ APP_JS = r"""
     }).then(function (res) {
       if (!res.ok) { say(p.action + ' refused: ' + res.doc.error, true); return; }
       if (p.then === 'open') { window.location.href = '/runs/' + encodeURIComponent(res.doc.id); return; }
-      say(p.action + ': done' + (res.doc.signal ? ' (' + res.doc.signal + ')' : ''), false);
+      say(p.action === 'resume' ? 'resume: started (pid ' + res.doc.pid + '); this page follows the run'
+          : p.action + ': done' + (res.doc.signal ? ' (' + res.doc.signal + ')' : ''), false);
       document.querySelectorAll('[data-live] input').forEach(function (el) { el.blur(); });
       refreshAll();
     }).catch(function (e) { say(p.action + ' failed: ' + e.message, true); });
   });
 
-  refreshAll();
-  setInterval(refreshAll, 1000);
+  poll();
 })();
 """
 
@@ -146,4 +182,8 @@ ul.tree, ul.tree ul { list-style: none; padding-left: 1.2rem; }
 #fork-form label { display: block; margin: .3rem 0; }
 label.local { font-family: ui-monospace, monospace; }
 .empty { color: var(--dim); }
+.ready { background: var(--good); color: #fff; border-radius: .6rem; padding: .05rem .45rem; font-size: .75rem; }
+.wait-card.answered { background: #e9f6ec; border-color: #b7dfc0; }
+td, .error, .wait, .wait-card p, pre, code { overflow-wrap: anywhere; }
+table.runs td:nth-child(2) { max-width: 22rem; }
 """

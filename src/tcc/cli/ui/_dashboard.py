@@ -90,13 +90,15 @@ class Dashboard:
         self.store = store
         self.command = command
         self.lock = threading.Lock()
-        self.resumes: dict[str, subprocess.Popen[bytes]] = {}
+        # run id -> (the resume process this dashboard started, the file holding its stderr)
+        self.resumes: dict[str, tuple[subprocess.Popen[bytes], Any]] = {}
 
     # ------------------------------------------------------------------ reads
 
     def runs(self, status: str | None = None, query: str | None = None) -> dict[str, Any]:
         """``GET /api/runs``: the tenant's runs, newest first, with the owner, the last event
         and the waits of a waiting run (the ones that need a person)."""
+        self.reap()
         if status is not None and status not in RUN_STATUSES:
             raise ApiError(400, f"status must be one of {', '.join(RUN_STATUSES)}, not {status!r}")
         damaged: list[tuple[str, str]] = []
@@ -123,10 +125,13 @@ class Dashboard:
             "waits": waits,
             # a person is needed: an approval or a signal nobody has sent yet
             "needs_human": any(w.get("signal") == "not sent" for w in waits),
+            # answered, and waiting for a resume (or a worker) to go on
+            "ready": bool(waits) and all(w.get("signal") == "pending" for w in waits),
         }
 
     def run(self, run_id: str, calls: int | None = JSON_CALLS) -> dict[str, Any]:
         """``GET /api/runs/{id}``: the document of ``tcc show --json``."""
+        self.reap()
         detail = runtime.run_detail(self.store, _run_id(run_id), calls=calls, show_value=safe_repr)
         return detail.doc
 
@@ -222,10 +227,24 @@ class Dashboard:
                      "children": [{"id": c, "was": was} for c, was in done.children]}
 
     def reap(self) -> None:
-        """Forget the resume processes that ended."""
-        for rid, proc in list(self.resumes.items()):
-            if proc.poll() is not None:
-                del self.resumes[rid]
+        """Forget the resume processes that ended; record the failure of one that failed
+        (a ``resume_failed`` event with its exit code and the last line it wrote), which
+        would otherwise be seen nowhere."""
+        for rid, (proc, err) in list(self.resumes.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self.resumes[rid]
+            try:
+                if code != 0:
+                    err.seek(0)
+                    lines = [ln.strip() for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+                    self.store.add_event(rid, "resume_failed", {
+                        "pid": proc.pid, "code": code, "error": (lines[-1] if lines else "")[:500]})
+            except errors.TccError:  # the run was deleted meanwhile: nothing to record on
+                pass
+            finally:
+                err.close()
 
     def _resume(self, run_id: str, body: Any) -> tuple[int, dict[str, Any]]:
         _fields(body, {}, "resume")
@@ -233,15 +252,14 @@ class Dashboard:
         running = self.resumes.get(run_id)
         if running is not None:
             raise ApiError(409, f"a resume of run {run_id} that this dashboard started is still "
-                                f"running (pid {running.pid})")
+                                f"running (pid {running[0].pid})")
         err = tempfile.TemporaryFile()
         try:
             proc = runtime.start_resume(self.store, run_id, command=self.command, stderr=err)
         except errors.UsageError as exc:
+            err.close()
             raise ApiError(409, str(exc)) from None
-        finally:
-            err.close()  # the child has its own descriptor; its errors end up in the run
-        self.resumes[run_id] = proc
+        self.resumes[run_id] = (proc, err)  # its failure is recorded by reap()
         return 202, {"id": run_id, "resuming": True, "pid": proc.pid}
 
     def _fork(self, run_id: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -265,6 +283,11 @@ class Dashboard:
                 pass
             else:
                 raise ApiError(409, f"run {new_id!r} already exists: choose another run_id")
+        if fields.get("at") is not None:
+            numbers = [s.number for s in self.store.snapshots(run_id)]
+            if fields["at"] not in numbers:
+                raise ApiError(404, f"run {run_id} has no snapshot {fields['at']}; retained: "
+                                    f"{', '.join(map(str, numbers)) or 'none'}")
         extra: dict[str, Any] = {"answer": fields["answer"]} if "answer" in fields else {}
         try:
             child = runtime.fork(self.store, run_id, at=fields.get("at"), sets=fields.get("set") or {},

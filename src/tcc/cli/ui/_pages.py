@@ -17,7 +17,10 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from ...runtime import MARKERS, SLEEP_EFFECT, WAIT_EFFECT
-from ...store import RUN_STATUSES
+from ...store import FINISHED_STATUSES, RUN_STATUSES
+
+
+PAGE_CALLS = 200  # calls in a run page's timeline (the API's document has up to 1,000)
 
 
 def h(value: Any) -> str:
@@ -97,6 +100,10 @@ def error_page(status: int, message: str) -> str:
 # ------------------------------------------------------------------ run list
 
 def runs_page(status: str | None, query: str | None) -> str:
+    problem = ""
+    if status is not None and status not in RUN_STATUSES:
+        problem = f'<p class="error">There is no status {h(status)!s}: pick one of the list.</p>'
+        status = None
     options = "".join(
         f'<option value="{h(s)}"{" selected" if s == status else ""}>{h(s)}</option>'
         for s in RUN_STATUSES)
@@ -108,11 +115,12 @@ def runs_page(status: str | None, query: str | None) -> str:
   <label>Search <input type="search" name="q" value="{h(query or '')}" placeholder="run id or entry"></label>
   <button type="submit">Filter</button>
 </form>
+{problem}
 <div id="runs" data-live="{h(live)}"></div>
 """
 
 
-def runs_fragment(doc: dict[str, Any]) -> str:
+def runs_fragment(doc: dict[str, Any], filtered: bool = False) -> str:
     rows = []
     for r in doc["runs"]:
         waits = ""
@@ -126,12 +134,16 @@ def runs_fragment(doc: dict[str, Any]) -> str:
         last = r["last_event"]
         last_text = "" if last is None else f'{h(last["kind"])} <span class="dim">{_clock(last["time"])}</span>'
         cls = ' class="needs-human"' if r["needs_human"] else ""
+        mark = (" <span class=needs>needs you</span>" if r["needs_human"] else
+                " <span class=ready>ready to resume</span>" if r.get("ready") else "")
         rows.append(
             f'<tr{cls} data-run="{h(r["id"])}"><td><a class="run-link" href="{h(_run_url(r["id"]))}">{h(r["id"])}</a>'
-            f'{" <span class=needs>needs you</span>" if r["needs_human"] else ""}</td>'
+            f'{mark}</td>'
             f'<td>{badge(r["status"])} {waits}</td><td><code>{h(r["entry"])}</code></td>'
             f'<td title="{h(_t(r["created"]))}">{h(r["age"])}</td><td>{owner}</td><td>{last_text}</td></tr>')
-    if not rows:
+    if not rows and filtered:
+        body = '<p class="empty">No runs match these filters.</p>'
+    elif not rows:
         body = '<p class="empty">No runs here yet. Start one with <code>tcc run SCRIPT</code>.</p>'
     else:
         more = ""
@@ -152,35 +164,44 @@ def run_page(run_id: str, code: dict[str, Any] | None) -> str:
     if code is not None:
         if code["changed"]:
             code_html = ('<section><h2>Code</h2><p class="error">The code of these frames changed since '
-                         f'snapshot {h(code["snapshot"])}; a resume refuses them (use '
-                         '<code>tcc resume --strategy replay</code> if the calls are the same): '
-                         + ", ".join(f"<code>{h(c)}</code>" for c in code["changed"]) + "</p></section>")
+                         f'snapshot {h(code["snapshot"])}, so a resume refuses them (`tcc resume '
+                         '--strategy replay` re-executes the run instead, if it still makes the same '
+                         'calls): ' + ", ".join(f"<code>{h(c)}</code>" for c in code["changed"]) + "</p></section>")
         else:
             code_html = (f'<section><h2>Code</h2><p>The frames of snapshot {h(code["snapshot"])} match '
                          "the code on disk.</p></section>")
     return f"""<p><a href="/">← all runs</a></p>
 <div id="run" data-live="{h('/fragments' + _run_url(run_id))}"></div>
 {code_html}
-<section class="actions">
-  <h2>Actions</h2>
-  <form class="inline" onsubmit="return false">
+"""
+
+
+def _actions(doc: dict[str, Any]) -> str:
+    """What can be done to the run in its state (a finished run: only a fork)."""
+    run_id = doc["id"]
+    stack_link = (f'<p><a href="{h(_run_url(run_id, "/stack"))}">Frozen stack and fork…</a></p>'
+                  if any(not s.get("damaged") for s in doc["snapshots"]) else
+                  '<p class="dim">No snapshot to show or fork (a replay run takes none).</p>')
+    if doc["status"] in FINISHED_STATUSES:
+        return f'<section class="actions"><h2>Actions</h2>{stack_link}</section>'
+    return f"""<section class="actions"><h2>Actions</h2>
+  <form class="act">
     <button type="button" data-action="resume" data-url="{h(_api_url(run_id, 'resume'))}"
       data-confirm="Resume run {h(run_id)} in a new tcc resume process?">Resume</button>
   </form>
-  <form class="inline" onsubmit="return false">
+  <form class="act">
     <input name="reason" placeholder="reason (optional)">
     <button type="button" class="danger" data-action="cancel" data-url="{h(_api_url(run_id, 'cancel'))}"
       data-confirm="Cancel run {h(run_id)}? It is never resumed again.">Cancel run</button>
   </form>
-  <form class="inline" onsubmit="return false">
-    <input name="name" placeholder="signal name" required>
+  <form class="act">
+    <input name="name" placeholder="signal name">
     <input name="value" data-json placeholder="value as JSON (default null)">
     <button type="button" data-action="signal" data-url="{h(_api_url(run_id, 'signal'))}"
       data-confirm="Send this signal to run {h(run_id)}?">Send signal</button>
   </form>
-  <p><a href="{h(_run_url(run_id, '/stack'))}">Frozen stack and fork…</a></p>
-</section>
-"""
+  {stack_link}
+</section>"""
 
 
 def _tree(node: dict[str, Any]) -> str:
@@ -216,6 +237,9 @@ def _timeline(doc: dict[str, Any]) -> str:
     earlier = ""
     if doc["calls_earlier"]:
         earlier = f'<p class="dim">{h(doc["calls_earlier"])} earlier calls are not listed</p>'
+    elif doc["calls_earlier"] is None:  # only the journal's end was read
+        earlier = (f'<p class="dim">Only the last {len(doc["calls"])} calls are listed (the journal has '
+                   f'{h(doc["journal_records"])} records; <code>tcc show --all-calls</code> lists them all).</p>')
     return (earlier + '<table class="timeline"><thead><tr><th>Time</th><th>What</th><th>Detail</th>'
             '<th>Duration</th></tr></thead><tbody>' + "".join(i[1] for i in items) + "</tbody></table>")
 
@@ -223,32 +247,46 @@ def _timeline(doc: dict[str, Any]) -> str:
 def _waits(run_id: str, doc: dict[str, Any]) -> str:
     if not doc["waits"]:
         return ""
-    out = ['<section class="waits"><h2>Waiting for you</h2>']
+    out = ['<section class="waits"><h2>Waiting</h2>']
     for w in doc["waits"]:
-        if w.get("kind") == "approval":
+        what = (f'Approval <strong>{h(w.get("prompt") or "")}</strong>' if w.get("kind") == "approval"
+                else f'Signal <code>{h(w.get("name"))}</code>')
+        ident = f' <span class="dim">(id {h(w["id"])})</span>'
+        if w["signal"] != "not sent":  # answered: the run goes on when it is resumed
+            out.append(f'<form class="wait-card answered act"><p>{what}{ident}: answered. The run goes on '
+                       'when it is resumed (here, or by <code>tcc worker</code>).</p>'
+                       f'<button type="button" class="primary" data-action="resume" '
+                       f'data-url="{h(_api_url(run_id, "resume"))}" data-confirm="Resume run {h(run_id)} '
+                       'in a new tcc resume process?">Resume</button></form>')
+        elif w.get("kind") == "approval":
+            label = h(w.get("prompt") or w["id"])
             out.append(
-                f'<form class="wait-card" onsubmit="return false"><p>Approval <strong>{h(w.get("prompt") or "")}</strong>'
-                f' <span class="dim">(id {h(w["id"])}, signal {h(w["signal"])})</span></p>'
+                f'<form class="wait-card act"><p>{what}{ident}</p>'
                 '<input name="comment" placeholder="comment (optional)">'
                 f'<button type="button" class="primary" data-action="approve" data-url="{h(_api_url(run_id, "approve"))}"'
-                f' data-confirm="Approve: {h(w.get("prompt") or w["id"])}">Approve</button>'
+                f' data-confirm="Approve: {label}">Approve</button>'
                 f'<button type="button" class="danger" data-action="reject" data-url="{h(_api_url(run_id, "reject"))}"'
-                f' data-confirm="Reject: {h(w.get("prompt") or w["id"])}">Reject</button></form>')
+                f' data-confirm="Reject: {label}">Reject</button></form>')
         else:
-            out.append(f'<p class="wait-card">Signal <code>{h(w.get("name"))}</code> '
-                       f'<span class="dim">(id {h(w["id"])}, {h(w["signal"])})</span> — send it with the '
-                       "form under Actions</p>")
+            out.append(f'<p class="wait-card">{what}{ident}: send it with the form under Actions</p>')
     out.append("</section>")
     return "".join(out)
 
 
 def run_fragment(doc: dict[str, Any], tree: dict[str, Any]) -> str:
     run_id = doc["id"]
+    kinds = {e["kind"] for e in doc["events"]}
+    forked_from = next((e["data"].get("parent") for e in doc["events"] if e["kind"] == "forked"), None)
+    unstarted_fork = forked_from is not None and not kinds & {"resumed", "taken_over", "completed"}
     owner = h(doc["owner"])
-    if doc["owner_alive"] is False:
+    if unstarted_fork:
+        owner = '<span class="dim">none yet: a fork that has not been started (Resume starts it)</span>'
+    elif doc["owner_alive"] is False:
         owner += ' <span class="gone">gone: a resume or the worker takes it over</span>'
     args = " ".join(map(str, doc["args"]))
-    parts = [f'<h1>Run <code>{h(run_id)}</code> <span id="run-status">{badge(doc["status"])}</span></h1>',
+    parent = doc["parent"] or forked_from
+    final = ' data-final="1"' if doc["status"] in FINISHED_STATUSES else ""
+    parts = [f'<h1{final}>Run <code>{h(run_id)}</code> <span id="run-status">{badge(doc["status"])}</span></h1>',
              '<table class="facts">',
              f"<tr><th>Entry</th><td><code>{h(doc['entry'])} {h(args)}</code></td></tr>",
              f"<tr><th>Strategy</th><td>{h(doc['strategy'])} · epoch {h(doc['epoch'])}</td></tr>",
@@ -256,10 +294,11 @@ def run_fragment(doc: dict[str, Any], tree: dict[str, Any]) -> str:
              f"<tr><th>Created</th><td>{_t(doc['created'])} · updated {_t(doc['updated'])}</td></tr>",
              f"<tr><th>Effects</th><td>{h(doc['effects'] if doc['effects'] is not None else 'not counted')}"
              f" · checkpoints {h(doc['checkpoints'])}</td></tr>"]
-    if doc["parent"]:
-        parts.append(f'<tr><th>Parent</th><td><a href="{h(_run_url(doc["parent"]))}">{h(doc["parent"])}</a></td></tr>')
+    if parent:
+        how = "forked from" if forked_from else "spawned by"
+        parts.append(f'<tr><th>Parent</th><td>{how} <a href="{h(_run_url(parent))}">{h(parent)}</a></td></tr>')
     parts.append("</table>")
-    if doc["result"] is not None:
+    if doc["result"] is not None or doc["status"] == "completed":
         parts.append(f'<section><h2>Result</h2><pre id="run-result">{h(json.dumps(doc["result"], indent=2))}</pre></section>')
     if doc["error"]:
         detail = doc.get("error_detail") or {}
@@ -269,6 +308,7 @@ def run_fragment(doc: dict[str, Any], tree: dict[str, Any]) -> str:
         parts.append(f'<section><h2>Error</h2><p class="error">{h(doc["error"])}</p>'
                      + (f"<ol class='tb'>{frames}</ol>" if frames else "") + "</section>")
     parts.append(_waits(run_id, doc))
+    parts.append(_actions(doc))
     if tree["children"]:
         parts.append('<section><h2>Children</h2><ul class="tree">'
                      + "".join(f"<li>{_tree(k)}</li>" for k in tree["children"]) + "</ul></section>")
@@ -327,8 +367,14 @@ def stack_page(run_id: str, doc: dict[str, Any]) -> str:
     fork_inputs = ""
     if innermost is not None:
         fork_inputs = "".join(
-            f'<label class="local">{h(name)} <input data-local="{h(name)}" placeholder="{h(str(value)[:80])}"></label>'
+            f'<label class="local">{h(name)} <input data-local="{h(name)}" '
+            f'placeholder="JSON; now {h(str(value)[:70])}"></label>'
             for name, value in innermost["locals"].items())
+    answer_html = ""
+    if (awaiting or {}).get("kind") in ("effect", "gather") \
+            and str(doc.get("pending") or "").startswith("resumes by sending"):
+        answer_html = ('<label>Answer the frame receives from the call it awaits (JSON, optional) '
+                       '<input name="answer" data-json data-optional></label>')
     return f"""<p><a href="{h(_run_url(run_id))}">← run {h(run_id)}</a></p>
 <h1>Frozen stack of <code>{h(run_id)}</code>, snapshot {h(doc["snapshot"])}</h1>
 <p class="dim">snapshots: {snaps} · taken {_t(doc["taken"])} · journal {h(doc["journal_len"])} · {h(doc["size"])} bytes
@@ -339,11 +385,11 @@ def stack_page(run_id: str, doc: dict[str, Any]) -> str:
 <section id="frames"><h2>Frames (outermost first)</h2>{frames}</section>
 {globals_html}
 <section class="actions"><h2>Fork from snapshot {h(doc["snapshot"])}</h2>
-<form id="fork-form" onsubmit="return false">
+<form id="fork-form" class="act">
   <input type="hidden" name="at" data-json value="{h(doc["snapshot"])}">
   <p class="dim">New values for the innermost frame's locals, as JSON (leave empty to keep a value):</p>
   {fork_inputs}
-  <label>Answer of the awaited call (JSON, optional) <input name="answer" data-json data-optional></label>
+  {answer_html}
   <label>New run id (optional) <input name="run_id" data-optional></label>
   <button type="button" data-action="fork" data-then="open" data-url="{h(_api_url(run_id, 'fork'))}"
     data-confirm="Create a new run from snapshot {h(doc["snapshot"])} of {h(run_id)}? (It is not started.)">Fork…</button>

@@ -6,12 +6,13 @@ Security, in the order a request meets it:
    host (``127.0.0.1``, ``localhost``, ``[::1]``): a web page cannot reach the dashboard
    by pointing a name of its own at 127.0.0.1 (DNS rebinding).
 2. **Token.** Every request carries the access token that ``tcc ui`` printed: as
-   ``Authorization: token …`` (scripts), ``?token=…``, or the cookie the page sets when
-   it is opened with ``?token=`` (HttpOnly, SameSite=Strict).  None: 401; a wrong one: 403.
+   ``Authorization: token …`` (scripts), ``?token=…`` (GET only), or the cookie the page
+   sets when it is opened with ``?token=`` (HttpOnly, SameSite=Strict, named after the
+   port, so that two dashboards do not overwrite each other's).  None: 401; a wrong one: 403.
 3. **Cross-site POSTs.** A POST whose ``Origin`` (or ``Sec-Fetch-Site``) names another
    site is refused (403), and a POST authenticated by the cookie alone must also carry
-   the page's CSRF token in ``X-TCC-CSRF``, which another site cannot read.  Actions
-   take JSON bodies only, which an HTML form cannot send.
+   the page's CSRF token in ``X-TCC-CSRF``, which another site cannot read, and be
+   ``Content-Type: application/json``, which an HTML form cannot send.
 4. **Content.** Every page is rendered on the server with every run-supplied text
    escaped; the Content-Security-Policy allows only the dashboard's own script and
    style sheet, and no framing.
@@ -43,8 +44,7 @@ from . import _pages
 from ._assets import APP_CSS, APP_JS
 from ._dashboard import ApiError, Dashboard
 
-COOKIE = "tcc_ui_token"
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
+COOKIE = "tcc_ui_token"  # + "_PORT"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 T = TypeVar("T")
@@ -72,11 +72,12 @@ def _hostname(host_header: str) -> str:
 class Guard:
     """The ASGI middleware that applies the rules in the module docstring."""
 
-    def __init__(self, app: ASGIApp, token: str, *, loopback: bool) -> None:
+    def __init__(self, app: ASGIApp, token: str, *, loopback: bool, cookie: str = COOKIE) -> None:
         self.app = app
         self.token = token
         self.csrf = csrf_token(token)
         self.loopback = loopback
+        self.cookie = cookie
 
     def _deny(self, request: Request, status: int, message: str) -> Response:
         if request.url.path.startswith("/api/") or "application/json" in request.headers.get("accept", ""):
@@ -90,8 +91,8 @@ class Guard:
             return value.strip(), "header"
         if "token" in request.query_params:
             return request.query_params["token"], "query"
-        if COOKIE in request.cookies:
-            return request.cookies[COOKIE], "cookie"
+        if self.cookie in request.cookies:
+            return request.cookies[self.cookie], "cookie"
         return None, ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -106,7 +107,7 @@ class Guard:
         await self.app(scope, receive, send)
 
     def check(self, request: Request) -> Response | None:
-        if self.loopback and _hostname(request.headers.get("host", "")) not in LOOPBACK_NAMES:
+        if self.loopback and not is_loopback(_hostname(request.headers.get("host", ""))):
             return self._deny(request, 403, "this dashboard answers only to a loopback host name "
                                             "(127.0.0.1, localhost, [::1])")
         presented, source = self._presented(request)
@@ -121,16 +122,23 @@ class Guard:
             site = request.headers.get("sec-fetch-site")
             if (origin is not None and origin != own) or site not in (None, "same-origin", "none"):
                 return self._deny(request, 403, "cross-site request refused")
+            if source == "query":
+                return self._deny(request, 403, "a POST takes the token in its Authorization header "
+                                                "(`Authorization: token …`), not in the URL")
             if source == "cookie" and not hmac.compare_digest(
                     request.headers.get("x-tcc-csrf", "").encode(), self.csrf.encode()):
                 return self._deny(request, 403, "cross-site request refused: a POST with the page's "
                                                 "cookie must carry its X-TCC-CSRF header")
+            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if source == "cookie" and ctype != "application/json":
+                return self._deny(request, 403, "cross-site request refused: a POST with the page's "
+                                                "cookie must be application/json")
         if source == "query" and request.method == "GET" and not request.url.path.startswith("/api/"):
             # a page opened with ?token=: keep the token in a cookie and drop it from the address
             rest = {k: v for k, v in request.query_params.items() if k != "token"}
             target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
             redirect = RedirectResponse(target, status_code=303)
-            redirect.set_cookie(COOKIE, self.token, httponly=True, samesite="strict", path="/")
+            redirect.set_cookie(self.cookie, self.token, httponly=True, samesite="strict", path="/")
             return redirect
         return None
 
@@ -155,7 +163,7 @@ class _Headers:
 
 
 def build_app(dashboard: Dashboard, token: str, *, loopback: bool = True, store_label: str = "",
-              tenant: str = "default") -> ASGIApp:
+              tenant: str = "default", port: int | None = None) -> ASGIApp:
     """The dashboard as an ASGI app.  Store calls run one at a time on one thread."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tcc-ui-store")
     csrf = csrf_token(token)
@@ -233,7 +241,8 @@ def build_app(dashboard: Dashboard, token: str, *, loopback: bool = True, store_
                              request.query_params.get("q") or None)
         except Exception as exc:  # noqa: BLE001
             return failure(exc, page=True)
-        return HTMLResponse(_pages.runs_fragment(doc))
+        return HTMLResponse(_pages.runs_fragment(
+            doc, filtered=bool(request.query_params.get("status") or request.query_params.get("q"))))
 
     async def page_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -247,7 +256,7 @@ def build_app(dashboard: Dashboard, token: str, *, loopback: bool = True, store_
     async def fragment_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
-            doc = await call(dashboard.run, run_id)
+            doc = await call(dashboard.run, run_id, _pages.PAGE_CALLS)
             tree = await call(dashboard.tree, run_id)
         except Exception as exc:  # noqa: BLE001
             return failure(exc, page=True)
@@ -288,7 +297,8 @@ def build_app(dashboard: Dashboard, token: str, *, loopback: bool = True, store_
         Route("/api/runs/{run_id}/{action}", api_action, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
-    return _Headers(Guard(app, token, loopback=loopback))
+    cookie = COOKIE if port is None else f"{COOKIE}_{port}"
+    return _Headers(Guard(app, token, loopback=loopback, cookie=cookie))
 
 
 def serve(store: Store, *, host: str = "127.0.0.1", port: int = 8765, allow_remote: bool = False,
@@ -318,7 +328,8 @@ def serve(store: Store, *, host: str = "127.0.0.1", port: int = 8765, allow_remo
     bound = sock.getsockname()[1]
     token = secrets.token_urlsafe(32)
     label = redact_url(getattr(store, "url", None) or store.path)
-    app = build_app(Dashboard(store), token, loopback=loopback, store_label=label, tenant=store.tenant)
+    app = build_app(Dashboard(store), token, loopback=loopback, store_label=label, tenant=store.tenant,
+                    port=bound)
     shown = f"[{host.strip('[]')}]" if ":" in host else host
     print(f"http://{shown}:{bound}/?token={token}", file=out, flush=True)
     if not loopback:
