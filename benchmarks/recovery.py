@@ -166,6 +166,14 @@ def whole_process(store: pathlib.Path, scratch: pathlib.Path) -> float:
     return float(marker.read_text()) - t0
 
 
+def bare_interpreter() -> float:
+    """``python -c pass`` spawned and reaped: the floor under any whole-process recovery,
+    measured next to it (the hot-path goal is a `tcc resume` within 8x of it)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.perf_counter() - t0
+
+
 def in_process(store: pathlib.Path, scratch: pathlib.Path) -> float:
     from tcc import runtime
     from tcc.store import open_store
@@ -214,21 +222,25 @@ def recovery_suite(profile: dict[str, Any], work: pathlib.Path, log: Any) -> lis
         for n in profile["sizes"]:
             built = {s: build_crashed_run(work, s, n, regime) for s in STRATEGIES}
             samples: dict[str, dict[str, list[float]]] = {s: {"in": [], "whole": []} for s in STRATEGIES}
+            bare: list[float] = []
             for _ in range(profile["repeats"]):
                 for s in STRATEGIES:  # interleaved: A B C A B C ...
                     samples[s]["in"].append(in_process(built[s]["store"], work))
                     samples[s]["whole"].append(whole_process(built[s]["store"], work))
+                    bare.append(bare_interpreter())
             for s in STRATEGIES:
                 row = {
                     "regime": regime, "n": n, "strategy": s,
                     "in_process_s": samples[s]["in"], "whole_process_s": samples[s]["whole"],
+                    "bare_interpreter_s": bare,
                     "build_s": built[s]["build_s"], "store_bytes": built[s]["bytes"],
                     "bytes_per_step": built[s]["bytes"] / max(1, built[s]["steps_done"]),
                     "result": finish(built[s]["store"], work),
                 }
                 rows.append(row)
                 log(f"recovery {regime:5} N={n:<6} {s:12} in-process {median(row['in_process_s']) * 1e3:9.2f} ms"
-                    f"  whole {median(row['whole_process_s']) * 1e3:8.1f} ms")
+                    f"  whole {median(row['whole_process_s']) * 1e3:8.1f} ms"
+                    f" ({median(row['whole_process_s']) / median(bare):.1f}x python -c pass)")
                 shutil.rmtree(built[s]["store"], ignore_errors=True)
     return rows
 

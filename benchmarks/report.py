@@ -53,6 +53,21 @@ def recovery_table(raw: dict[str, Any], key: str) -> list[str]:
     return lines
 
 
+def bare_interpreter_lines(raw: dict[str, Any]) -> list[str]:
+    """Whole-process recovery of the continuation strategy as a multiple of ``python -c
+    pass``, spawned in the same rounds (older raw files did not measure it)."""
+    rows = [r for r in raw["recovery"] if r["strategy"] == "continuation" and r.get("bare_interpreter_s")]
+    if not rows:
+        return []
+    lines = ["Continuation's whole-process recovery against `python -c pass` spawned in the same "
+             "rounds:", "", "| regime | N | `python -c pass` (ms) | recovery / `python -c pass` |",
+             "|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["regime"], r["n"])):
+        bare = med(r["bare_interpreter_s"])
+        lines.append(f"| {r['regime']} | {r['n']:,} | {ms(bare)} | {med(r['whole_process_s']) / bare:.1f}× |")
+    return lines
+
+
 def peer_table(raw: dict[str, Any]) -> list[str]:
     if not raw.get("peers"):
         return ["(no peers installed in this run)"]
@@ -186,6 +201,7 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
         *recovery_table(raw, "in_process_s"), "",
         "## Recovery latency, whole process (`tcc resume` spawned → first new effect)", "",
         *recovery_table(raw, "whole_process_s"), "",
+        *bare_interpreter_lines(raw), "",
         "## Peers, same agent, same machine, same session", "", *peer_table(raw), "",
         "## Checkpoint overhead per step vs state size", "", *checkpoint_table(raw), "",
         "## Store bytes per step (allocated store size / steps run)", "", *bytes_table(raw), "",
