@@ -186,4 +186,5 @@ label.local { font-family: ui-monospace, monospace; }
 .wait-card.answered { background: #e9f6ec; border-color: #b7dfc0; }
 td, .error, .wait, .wait-card p, pre, code { overflow-wrap: anywhere; }
 table.runs td:nth-child(2) { max-width: 22rem; }
+table.timeline td:first-child, table.timeline td:last-child { white-space: nowrap; overflow-wrap: normal; }
 """
