@@ -232,3 +232,131 @@ def test_incremental_snapshots_restore_equal_to_full_ones(monkeypatch, start, op
 @given(start=st.lists(_items, min_size=0, max_size=40), ops=_ops)
 def test_incremental_snapshots_restore_equal_to_full_ones_at_length(monkeypatch, start, ops):
     test_incremental_snapshots_restore_equal_to_full_ones.hypothesis.inner_test(monkeypatch, start, ops)
+
+
+# ------------------------------------------------ found by review (each failed before)
+
+class _Conversation:
+    def __init__(self):
+        self.messages = []
+
+
+class _Reply:
+    def __init__(self, conv, text):
+        self.conv, self.text = conv, text
+
+
+def test_an_item_of_the_tail_that_refers_back_to_the_list_keeps_the_whole_list():
+    lst = [f"s{i}" for i in range(600)]
+    lst.append(lst)
+    lst.append("after")
+    restored = _load(_dump(lst, SegmentCache()))
+    assert len(restored) == 602 and restored[600] is restored and restored[:600] == lst[:600]
+    conv = _Conversation()
+    conv.messages += _messages(600)
+    conv.messages.append(_Reply(conv, "latest"))
+    state = {"transcript": conv.messages, "conv": conv}
+    restored = _load(_dump(state, SegmentCache()))
+    assert len(restored["transcript"]) == 601 and restored["conv"].messages is restored["transcript"]
+    assert restored["transcript"][-1].conv is restored["conv"]
+    viewed = safe_loads(_dump(state, SegmentCache()))
+    assert len(viewed["transcript"]) == 601
+
+
+class _EqualToStr(type):
+    def __eq__(cls, other):
+        return True
+
+    def __hash__(cls):
+        return hash(str)
+
+
+class _Box(metaclass=_EqualToStr):
+    def __init__(self, v):
+        self.v = v
+
+
+def test_a_class_that_compares_equal_to_str_is_not_taken_for_an_immutable_item():
+    box = _Box(1)
+    lst = [box] + [f"s{i}" for i in range(600)]
+    cache = SegmentCache()
+    _dump(lst, cache)
+    box.v = 2
+    assert _load(_dump(lst, cache))[0].v == 2
+
+
+_CACHES: list[SegmentCache] = []
+
+
+class _Reenter:
+    """Starts another dump with the same cache while this one runs."""
+
+    def __reduce__(self):
+        import io
+
+        from tcc.capture._pickler import Pickler
+
+        Pickler(io.BytesIO(), protocol=5, segments=_CACHES[0])
+        return (_Reenter, ())
+
+
+def test_dumps_sharing_a_cache_do_not_mix_their_ids():
+    _CACHES[:] = [SegmentCache()]
+    shared = [f"s{i}" for i in range(600)]
+    restored = _load(_dump([shared, _Reenter(), shared], _CACHES[0]))
+    assert restored[0] is restored[2]
+    _CACHES.clear()
+
+
+def _nested(blob, times):
+    import io
+
+    marker = object()
+    pid = ("tcc:segments", (blob,) * times, [])
+
+    class P(pickle.Pickler):
+        def persistent_id(self, obj):
+            return pid if obj is marker else None
+
+    buf = io.BytesIO()
+    P(buf, protocol=5).dump([marker])
+    return buf.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_the_display_loader_reads_hostile_segment_ids_within_its_budget():
+    from tcc.capture import Stub
+
+    blob = pickle.dumps(["x"], protocol=5)
+    for _ in range(21):  # each level doubles the work if segments may nest
+        blob = _nested(blob, 2)
+    shown = safe_loads(blob)
+    assert isinstance(shown, list) and len(shown) == 1  # nested ids are stubs, not read
+
+    class Big:
+        def __reduce__(self):
+            return (bytes, (60_000_000,))
+
+    many = _nested(pickle.dumps([Big()], protocol=5), 20)  # 20 x 60 MB from ~120 bytes
+    shown = safe_loads(many)
+    built = sum(len(x) for x in shown[0] if isinstance(x, bytes))
+    assert built <= 64 << 20 and any(isinstance(x, Stub) for x in shown[0])
+
+
+def test_after_one_message_changes_the_others_are_still_reused():
+    cache = SegmentCache()
+    transcript = _messages(1024)
+    _dump({"t": transcript}, cache)
+    written, reused = cache.written, cache.reused
+    transcript[0]["content"] = "changed"
+    assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
+    assert cache.written == written + 1 and cache.reused == reused + 3
+
+
+def test_the_tail_of_a_list_is_not_remembered_as_a_list_of_its_own():
+    cache = SegmentCache()
+    transcript = _messages(300) + [[1]] + _messages(700, 300)  # a list item ends the segments
+    for _ in range(5):
+        transcript.append({"role": "user", "content": "more"})
+        assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
+    assert len(cache._lists) == 1

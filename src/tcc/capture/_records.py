@@ -264,21 +264,25 @@ SEGMENTS_PID = "tcc:segments"
 
 
 def join_segments(blobs: Any, tail: Any) -> list[Any]:
-    """The list :class:`tcc.capture._segments.SegmentCache` wrote as segments: the items of
-    each segment's pickle, then ``tail``'s."""
+    """The list :class:`tcc.capture._segments.SegmentCache` wrote as segments: ``tail``
+    itself, with each segment's items put in front of what it holds.
+
+    ``tail`` is the list object the stream is building, and it may still be filling: an
+    item of the tail that refers back to the list is loaded (and calls this) before the
+    tail's items are appended, which then land after the segments' ones, in order."""
     import pickle
 
     if type(blobs) is not tuple or type(tail) is not list \
             or not all(type(b) is bytes for b in blobs):
         raise errors.CorruptSnapshotError("malformed list segments in the snapshot")
-    out: list[Any] = []
+    front: list[Any] = []
     for blob in blobs:
         part = pickle.loads(blob)
         if type(part) is not list:
             raise errors.CorruptSnapshotError("a list segment in the snapshot is not a list")
-        out.extend(part)
-    out.extend(tail)
-    return out
+        front.extend(part)
+    tail[0:0] = front
+    return tail
 
 
 class PersistentLists:

@@ -82,32 +82,44 @@ class _Globals:
         self.budget = budget
         self.spent = 0
 
-    def persistent_load(self, pid: Any) -> Any:
-        """A list written as segments (``tcc.capture._segments``): each segment read by a
-        restricted unpickler too, within this load's budget; the same list for every
-        reference to it.  Anything else a persistent id names is shown as a stub."""
+    def persistent_load(self, pid: Any, *, nested: bool = False) -> Any:
+        """A list written as segments (``tcc.capture._segments``): the tail list the stream
+        is building, with the segments' items put in front (as the real loader does); the
+        same list for every reference to the id.  Each segment is read by a restricted
+        unpickler that shares this load's budget, and may not hold persistent ids of its own
+        (tcc never writes them there).  Anything else a persistent id names is a stub."""
+        self.spent += 64  # every reference costs something, even one already read
+        if self.spent > self.budget:
+            return self.stub("", "list segments", unbuilt=True, why=TOO_LARGE)()
         built = self.__dict__.setdefault("_segment_lists", {})
         got = built.get(id(pid))
         if got is not None and got[0] is pid:
             return got[1]
-        if not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID
-                and type(pid[1]) is tuple and type(pid[2]) is list
-                and all(type(b) is bytes for b in pid[1])):
+        if nested or not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID
+                          and type(pid[1]) is tuple and type(pid[2]) is list
+                          and all(type(b) is bytes for b in pid[1])):
             return self.stub("", "persistent id", unbuilt=True, why="not a list tcc wrote")()
-        out: list[Any] = []
+        front: list[Any] = []
         for blob in pid[1]:
             self.spent += len(blob)
             if self.spent > self.budget:
-                out.append(self.stub("", "list segment", unbuilt=True, why=TOO_LARGE)())
-                continue
-            part = safe_loads(blob)
+                front.append(self.stub("", "list segment", unbuilt=True, why=TOO_LARGE)())
+                break
+            reader = SafeUnpickler(io.BytesIO(blob), self.budget)
+            reader.globals = self  # one budget for the whole load
+            reader.nested = True
+            try:
+                part = reader.load()
+            except Exception:  # noqa: BLE001 - shown as such, never retried
+                part = None
             if type(part) is list:
-                out.extend(part)
+                front.extend(part)
             else:
-                out.append(self.stub("", "list segment", unbuilt=True, why="not a list")())
-        out.extend(pid[2])
-        built[id(pid)] = (pid, out)
-        return out
+                front.append(self.stub("", "list segment", unbuilt=True, why="unreadable")())
+        tail = pid[2]
+        tail[0:0] = front
+        built[id(pid)] = (pid, tail)
+        return tail
 
     def stub(self, module: str, qualname: str, *, unbuilt: bool = False, why: str | None = None) -> StubMeta:
         key = (module, qualname, unbuilt, why)
@@ -255,8 +267,10 @@ class SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         return self.globals.find_class(module, name)
 
+    nested = False  # reading a list segment: no persistent ids of its own
+
     def persistent_load(self, pid: Any) -> Any:
-        return self.globals.persistent_load(pid)
+        return self.globals.persistent_load(pid, nested=self.nested)
 
 
 class TolerantUnpickler(pickle._Unpickler):
@@ -289,8 +303,10 @@ class TolerantUnpickler(pickle._Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         return self.globals.find_class(module, name)
 
+    nested = False  # reading a list segment: no persistent ids of its own
+
     def persistent_load(self, pid: Any) -> Any:
-        return self.globals.persistent_load(pid)
+        return self.globals.persistent_load(pid, nested=self.nested)
 
     # applying what find_class handed out ----------------------------------------
 

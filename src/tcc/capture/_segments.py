@@ -34,6 +34,7 @@ objects that may not be identical (``is``), as after any copy.
 from __future__ import annotations
 
 import pickle
+import threading
 from typing import Any
 
 from ._frames import native
@@ -42,13 +43,14 @@ from ._records import SEGMENTS_PID
 SEGMENT = 256
 MIN_ITEMS = 2 * SEGMENT
 MAX_LISTS = 32  # lists remembered per cache (least recently pickled ones are forgotten)
-_ATOMS = frozenset({str, bytes, int, float, complex, bool, type(None)})
 _INELIGIBLE = object()
+_NONE = type(None)
 
 
 def _immutable(value: Any, depth: int = 0) -> bool:
+    # identity tests: a set lookup would take a class whose metaclass compares equal to str
     t = type(value)
-    if t in _ATOMS:
+    if t is str or t is int or t is float or t is bytes or t is bool or t is _NONE or t is complex:
         return True
     return t is tuple and depth < 8 and all(_immutable(v, depth + 1) for v in value)
 
@@ -72,13 +74,16 @@ class _Segment:
         self.blob = blob
 
 
+_EMPTY = _Segment((), (), b"")
+
+
 class SegmentCache:
     """The segments of the long lists a run's snapshots hold, from one checkpoint to the
     next.  It keeps those lists and their items alive until it is dropped."""
 
     def __init__(self) -> None:
         self._lists: dict[int, tuple[list[Any], list[_Segment]]] = {}
-        self._pids: dict[int, Any] = {}
+        self._lock = threading.Lock()
         self.reused = 0  # segments taken from the cache (for tests and benchmarks)
         self.written = 0  # segments pickled anew
 
@@ -94,26 +99,13 @@ class SegmentCache:
         self.written += 1
         return _Segment(items, versions, pickle.dumps(list(items), protocol=5))
 
-    def begin(self) -> None:
-        """A new dump starts: forget the previous dump's persistent ids."""
-        self._pids = {}
-
-    def pid(self, lst: list[Any]) -> Any:
-        """The persistent id that stands for ``lst`` in this dump (the same object for
-        every reference to it, so that it loads as one list), or None: pickle it as
-        usual."""
-        pids = self._pids
-        known = pids.get(id(lst))
-        if known is not None:
-            return known[1]
-        reduced = self._reduce(lst)
-        pid = None if reduced is None else (SEGMENTS_PID, *reduced)
-        pids[id(lst)] = (lst, pid)  # keeps ``lst`` alive: its id is not reused in this dump
-        return pid
-
     def _reduce(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any]] | None:
         if len(lst) < MIN_ITEMS:
             return None
+        with self._lock:  # one cache may serve dumps on several threads
+            return self._reduce_locked(lst)
+
+    def _reduce_locked(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any]] | None:
         entry = self._lists.pop(id(lst), None)
         segments = entry[1] if entry is not None and entry[0] is lst else []
         self._lists[id(lst)] = (lst, segments)  # most recently used last
@@ -127,11 +119,17 @@ class SegmentCache:
                 if check(lst, start, seg.items, seg.versions):
                     self.reused += 1
                     continue
-                del segments[k:]
+                # changed: drop it (and this reference to its items, or the dicts among them
+                # would seem held elsewhere while the segment is recorded again)
+                segments[k] = _EMPTY
+                del seg
             new = self._record(lst, start)
             if new is None:
                 break
-            segments.append(new)
+            if k < len(segments):
+                segments[k] = new
+            else:
+                segments.append(new)
         else:
             k = len(lst) // SEGMENT
         del segments[k:]
@@ -140,7 +138,29 @@ class SegmentCache:
         return tuple(s.blob for s in segments), lst[k * SEGMENT:]
 
 
+class _Dump:
+    """One dump's persistent ids: the same id object for every reference to a list, so that
+    it loads as one list (each dump has its own, so dumps sharing a cache do not mix)."""
+
+    def __init__(self, cache: SegmentCache) -> None:
+        self.cache = cache
+        self.pids: dict[int, tuple[list[Any], Any]] = {}
+
+    def pid(self, lst: list[Any]) -> Any:
+        """The persistent id that stands for ``lst`` in this dump, or None: pickle it as
+        usual.  The tail in an id (``lst[k * SEGMENT:]``, a new list) is never cut again."""
+        known = self.pids.get(id(lst))
+        if known is not None:
+            return known[1]
+        reduced = self.cache._reduce(lst)
+        pid = None if reduced is None else (SEGMENTS_PID, *reduced)
+        self.pids[id(lst)] = (lst, pid)  # keeps ``lst`` alive: its id is not reused in this dump
+        if reduced is not None:
+            tail = reduced[1]
+            self.pids[id(tail)] = (tail, None)
+        return pid
+
+
 def hook(cache: SegmentCache) -> Any:
     """The ``persistent_id`` for a pickler that writes long lists through ``cache``."""
-    cache.begin()
-    return native().SegmentHook(cache.pid, MIN_ITEMS)
+    return native().SegmentHook(_Dump(cache).pid, MIN_ITEMS)
