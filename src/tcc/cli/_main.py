@@ -487,14 +487,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     missing = ui.missing_extra()
     if missing:
         raise TccError(missing)
-    from .ui._server import is_loopback  # (imports Starlette)
-
-    if not is_loopback(args.host) and not args.allow_remote:  # before any store is opened
-        raise UsageError(f"--host {args.host} is not a loopback address: anyone who can reach it and "
-                         "learns the token could act on your runs, over unencrypted HTTP; pass "
-                         "--allow-remote to do it anyway")
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be 0-65535, not {args.port}")
+    ui.check_listen(args.host, args.port, args.allow_remote)  # before any store is opened
     with _open(args, create=False) as store:
         return ui.serve(store, host=args.host, port=args.port, allow_remote=args.allow_remote)
 

@@ -170,7 +170,7 @@ class Dashboard:
         whose code changed (a resume refuses them), or None if the run has no snapshot."""
         try:
             doc = inspect_doc(self.store, run_id)[0]
-        except (errors.UsageError, errors.TccError):
+        except errors.TccError:  # no snapshot, or one that cannot be read: nothing to compare
             return None
         changed = [f"{f['qualname']} ({f['file']}:{f['line']})" for f in doc["frames"] if f.get("code_changed")]
         return {"snapshot": doc["snapshot"], "changed": changed}

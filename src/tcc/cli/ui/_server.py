@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import hashlib
 import hmac
-import ipaddress
 import json
 import secrets
 import socket
@@ -40,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ... import errors
 from ...store import Store, redact_url
-from . import _pages
+from . import _pages, check_listen, is_loopback
 from ._assets import APP_CSS, APP_JS
 from ._dashboard import ApiError, Dashboard
 
@@ -48,15 +47,6 @@ COOKIE = "tcc_ui_token"  # + "_PORT"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 T = TypeVar("T")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def csrf_token(token: str) -> str:
@@ -309,13 +299,8 @@ def serve(store: Store, *, host: str = "127.0.0.1", port: int = 8765, allow_remo
 
     out = out or sys.stdout
     err = err or sys.stderr
+    check_listen(host, port, allow_remote)
     loopback = is_loopback(host)
-    if not loopback and not allow_remote:
-        raise errors.UsageError(
-            f"--host {host} is not a loopback address: anyone who can reach it and learns the token "
-            "could act on your runs, over unencrypted HTTP; pass --allow-remote to do it anyway")
-    if not 0 <= port <= 65535:
-        raise errors.UsageError(f"--port must be 0-65535, not {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
