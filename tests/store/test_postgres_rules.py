@@ -160,3 +160,31 @@ def test_sync_turns_synchronous_commit_back_on_where_the_database_turned_it_off(
                 assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
     finally:
         _sql(pg, "ALTER ROLE CURRENT_USER RESET synchronous_commit")
+
+
+def test_a_connection_lost_while_opening_is_tried_again_then_named(
+        pg: PgStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server goes away under the open's schema check (its backend is terminated, as
+    a killed server's are): the open tries once more on a new connection, and if that one
+    is lost too, says the connection was lost (a StoreConnectionError, which `tcc` reports
+    as one line), not a misuse."""
+    from tcc.errors import StoreConnectionError
+    from tcc.store._postgres import PgStore as Backend
+
+    read_meta = Backend._read_meta
+    kills = {"left": 1}
+
+    def dying_read_meta(self: Backend, conn: object) -> dict[str, str]:
+        if kills["left"]:
+            kills["left"] -= 1
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")  # type: ignore[attr-defined]
+        return read_meta(self, conn)
+
+    monkeypatch.setattr(Backend, "_read_meta", dying_read_meta)
+    with pg.open() as store:  # one lost connection: the second try opens it
+        assert store.list_runs() == []
+    assert kills["left"] == 0
+    kills["left"] = 10**6
+    with pytest.raises(StoreConnectionError,
+                       match="lost the connection to the PostgreSQL store .* while opening it"):
+        pg.open()

@@ -272,12 +272,18 @@ class PgStore:
         """Check (or create) the schema and the key, on the pool's first connection."""
         from psycopg_pool import PoolTimeout
 
-        try:
-            with self._pool.connection(timeout=1.0) as conn:
-                self._check_schema(psycopg, conn, create)
-                return
-        except PoolTimeout:
-            pass
+        for attempt in (1, 2):
+            try:
+                with self._pool.connection(timeout=1.0) as conn:
+                    self._check_schema(psycopg, conn, create)
+                    return
+            except PoolTimeout:
+                break
+            except psycopg.OperationalError as exc:
+                # a server that went away under the check (a read, or a migration in one
+                # transaction) gets one more try on a new connection, as _read gives
+                if attempt == 2 or not conn.broken:
+                    raise self._open_failed(exc, conn.broken) from None
         # No pooled connection within a second: the pool only retries quietly, so connect
         # here, which fails at once with libpq's reason (a slow server still gets its 10 s).
         try:
@@ -288,8 +294,17 @@ class PgStore:
                 f"cannot connect to the PostgreSQL store {self.path}: {_reason(exc)}") from None
         try:
             self._check_schema(psycopg, conn, create)
+        except psycopg.OperationalError as exc:
+            raise self._open_failed(exc, conn.broken) from None
         finally:
             conn.close()
+
+    def _open_failed(self, exc: Exception, lost: bool) -> StoreError:
+        if lost:
+            return StoreConnectionError(
+                f"lost the connection to the PostgreSQL store {self.path} while opening it: "
+                f"{_reason(exc)}")
+        return StoreError(f"PostgreSQL store {self.path}: {_reason(exc)}")
 
     def _check_schema(self, psycopg: Any, conn: Any, create: bool) -> None:
         try:
@@ -307,9 +322,8 @@ class PgStore:
             # the server's clock minus this one: leases are the server's, reported on this clock
             clock = meta.get("_clock")
             self._skew = float(clock) - (self._meta_asked + time.time()) / 2 if clock else 0.0
-        except psycopg.OperationalError as exc:
-            raise StoreConnectionError(
-                f"cannot use the PostgreSQL store {self.path}: {_reason(exc)}") from None
+        except psycopg.OperationalError:
+            raise  # the caller retries, or says the connection was lost
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL store {self.path}: {_reason(exc)}") from None
 
