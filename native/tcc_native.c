@@ -588,8 +588,9 @@ tcc_segment_unchanged(PyObject *module, PyObject *args)
 }
 
 /* A pickler's persistent_id that costs one C call per object: None at once,
- * unless the object is an exact list of at least min_items items, which goes
- * to the Python callback (tcc.capture._segments.SegmentCache.pid). */
+ * unless the object is an exact list of at least min_items items, or (when
+ * min_bytes > 0) an exact bytes or bytearray of at least min_bytes bytes, which
+ * go to the Python callback (tcc.capture._segments._Dump.pid). */
 
 #if PY_VERSION_HEX < 0x030C0000
 #include "structmember.h"
@@ -601,6 +602,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *callback;
     Py_ssize_t min_items;
+    Py_ssize_t min_bytes;
     vectorcallfunc vectorcall;
 } SegmentHook;
 
@@ -614,19 +616,28 @@ segment_hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, Py
         return NULL;
     }
     PyObject *obj = args[0];
-    if (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) < hook->min_items) {
-        Py_RETURN_NONE;
+    if (PyList_CheckExact(obj)) {
+        if (PyList_GET_SIZE(obj) >= hook->min_items) {
+            return PyObject_CallOneArg(hook->callback, obj);
+        }
     }
-    return PyObject_CallOneArg(hook->callback, obj);
+    else if (hook->min_bytes > 0) {
+        if ((PyBytes_CheckExact(obj) && PyBytes_GET_SIZE(obj) >= hook->min_bytes)
+            || (PyByteArray_CheckExact(obj) && PyByteArray_GET_SIZE(obj) >= hook->min_bytes)) {
+            return PyObject_CallOneArg(hook->callback, obj);
+        }
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *
 segment_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *callback;
-    Py_ssize_t min_items;
-    static char *kwlist[] = {"callback", "min_items", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On:SegmentHook", kwlist, &callback, &min_items)) {
+    Py_ssize_t min_items, min_bytes = 0;
+    static char *kwlist[] = {"callback", "min_items", "min_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On|n:SegmentHook", kwlist, &callback, &min_items,
+                                     &min_bytes)) {
         return NULL;
     }
     if (!PyCallable_Check(callback)) {
@@ -639,6 +650,7 @@ segment_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     hook->callback = Py_NewRef(callback);
     hook->min_items = min_items < 1 ? 1 : min_items;
+    hook->min_bytes = min_bytes < 0 ? 0 : min_bytes;
     hook->vectorcall = segment_hook_vectorcall;
     return (PyObject *)hook;
 }
@@ -680,8 +692,9 @@ static PyType_Slot segment_hook_slots[] = {
     {Py_tp_clear, segment_hook_clear},
     {Py_tp_dealloc, segment_hook_dealloc},
     {Py_tp_members, segment_hook_members},
-    {Py_tp_doc, "SegmentHook(callback, min_items): a pickler's persistent_id that hands\n"
-                "only exact lists of at least min_items items to callback."},
+    {Py_tp_doc, "SegmentHook(callback, min_items, min_bytes=0): a pickler's persistent_id\n"
+                "that hands only exact lists of at least min_items items, and (if min_bytes\n"
+                "> 0) exact bytes and bytearrays of at least min_bytes bytes, to callback."},
     {0, NULL},
 };
 

@@ -45,7 +45,8 @@ def segment_unchanged(lst: list[Any], start: int, items: tuple[Any, ...],
 
 class SegmentHook:
     """A pickler's ``persistent_id`` that costs one C call per object: None, unless the
-    object is an exact list of at least ``min_items`` items, which goes to ``callback``."""
+    object is an exact list of at least ``min_items`` items or (``min_bytes`` > 0) an exact
+    ``bytes`` or ``bytearray`` of at least ``min_bytes`` bytes, which go to ``callback``."""
 
-    def __init__(self, callback: Any, min_items: int) -> None: ...
+    def __init__(self, callback: Any, min_items: int, min_bytes: int = 0) -> None: ...
     def __call__(self, obj: Any, /) -> Any: ...

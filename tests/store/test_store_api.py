@@ -928,3 +928,20 @@ def test_every_store_test_runs_on_both_backends() -> None:
         elif params & lmdb_fixtures or "open_store(" in inspect.getsource(fn):
             assert params & both_fixtures, f"{name} opens an LMDB store only: run it on both " \
                 "backends (site/any_store) or mark it lmdb_only with the reason"
+
+
+def test_a_payload_given_in_pieces_is_stored_and_returned_whole(any_store: Store) -> None:
+    """Both backends take a snapshot as the pieces it is the concatenation of (what the
+    runtime hands them when buffers go out of band), small or large, and return it whole."""
+    run = any_store.create_run("agent.py:main", run_id="p")
+    big = os.urandom(300_000)
+    small = (b"head", memoryview(b"-middle-"), bytearray(b"tail"))
+    any_store.checkpoint("p", run.epoch, small)
+    assert any_store.load_snapshot("p") == b"head-middle-tail"
+    for i in range(3):
+        any_store.checkpoint("p", run.epoch, (b"step %d " % i * 2000, big, b"end"))
+        assert any_store.load_snapshot("p") == b"step %d " % i * 2000 + big + b"end"
+    assert [s.size for s in any_store.snapshots("p")][-1] == 14000 + len(big) + 3
+    with pytest.raises(tcc.errors.UsageError, match="snapshot payload"):
+        any_store.checkpoint("p", run.epoch, (b"a", "b"))  # type: ignore[arg-type]
+    assert any_store.load_snapshot("p") == b"step 2 " * 2000 + big + b"end"

@@ -231,3 +231,35 @@ def test_split_recuts_and_hashes_only_what_changed(monkeypatch: pytest.MonkeyPat
         assert 1 <= sealer.hashed <= 3
         assert 1 <= counter.taken <= 3
         assert [a for a, _ in got] == [a for a, _ in _full(sealer, bytes(buf))]
+
+
+def test_a_payload_in_pieces_keeps_the_chunks_of_a_piece_it_saw_before() -> None:
+    """The pieces after the first are cut on their own; the same ``bytes`` object again
+    is not read (no cut, no hash), while an equal copy of it is, to the same addresses."""
+    sealer = _CountingSealer(os.urandom(32))
+    memo = SplitMemo()
+    big = _text(1 << 20, 11)
+    first = split(sealer, (_text(20_000, 1), big), memo)
+    assert b"".join(bytes(p) for _, p in first) == _text(20_000, 1) + big
+    head = [a for a, _ in split(sealer, _text(20_000, 1))]
+    assert [a for a, _ in first[:len(head)]] == head  # the first piece is cut as a whole payload
+    assert max(len(p) for _, p in first[len(head):]) > chunks_mod.AVG_CHUNK * 4  # larger chunks
+    sealer.hashed = 0
+    again = split(sealer, (_text(20_000, 1) + b"!", big), memo)
+    assert sealer.hashed <= 2  # the first piece's last chunk; nothing of ``big``
+    assert again[-len(first) + len(head):] == first[len(head):]
+    sealer.hashed = 0
+    copy = bytes(bytearray(big))
+    other = split(sealer, (_text(20_000, 1) + b"!", copy), memo)
+    assert sealer.hashed >= len(first) - len(head)  # not the same object: read again
+    assert [a for a, _ in other] == [a for a, _ in again]
+
+
+def test_pieces_that_are_not_bytes_like_are_refused() -> None:
+    from tcc.errors import UsageError
+    from tcc.store._chunks import payload_size
+
+    assert payload_size((b"ab", memoryview(b"cd"), bytearray(b"e"))) == 5
+    for bad in ((), [b"a", "b"], (b"a", None), "text", 5):
+        with pytest.raises(UsageError, match="snapshot payload"):
+            payload_size(bad)

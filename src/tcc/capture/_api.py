@@ -9,7 +9,7 @@ import sys
 from typing import Any, Iterator
 
 from .. import errors
-from . import _blob, _diagnose, _flow, _frames, _records
+from . import _blob, _diagnose, _flow, _frames, _framed, _records
 from ._pickler import Pickler
 
 PROTOCOL = 5
@@ -37,33 +37,45 @@ def _new_pickler(buf: io.BytesIO, segments: Any = None) -> Pickler:
 
 def dump_payload(obj: Any) -> bytes:
     """Pickle ``obj`` (uncompressed, no envelope). Raises CaptureError."""
-    return _dump(obj, b"")
+    payload = _dump(obj, b"")
+    assert isinstance(payload, bytes)  # nothing goes out of band without a segment cache
+    return payload
 
 
-def dump_stored(obj: Any, *, segments: Any = None) -> bytes:
+def dump_stored(obj: Any, *, segments: Any = None) -> bytes | tuple[bytes | memoryview, ...]:
     """``seal(dump_payload(obj), compress=False, stored=True)`` without copying the pickle
     (the envelope's header is written first, then the pickle after it): the blob the
     runtime hands to a store as a snapshot.  Raises CaptureError.
 
     ``segments`` (a :class:`SegmentCache` kept between the dumps of one run) lets long
-    lists reuse what the previous dump pickled of them (see ``_segments``)."""
+    lists reuse what the previous dump pickled of them (see ``_segments``), and sends
+    large buffers out of band (``_framed``): the blob is then returned as the tuple of
+    pieces it is the concatenation of -- the envelope, frame and pickle, then each
+    buffer -- which a store takes as it is."""
     return _dump(obj, _STORED_HEADER, segments)
 
 
 _STORED_HEADER = _blob.stored_header()
 
 
-def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes:
+def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes | memoryview, ...]:
     buf = io.BytesIO()
     buf.write(prefix)
     try:
         with _deep_recursion():
-            _new_pickler(buf, segments).dump(obj)
+            pickler = _new_pickler(buf, segments)
+            pickler.dump(obj)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
         with _deep_recursion():
             message = _diagnose.explain(obj, exc, _new_pickler)
         raise errors.CaptureError(message) from exc
-    return buf.getvalue()
+    buffers = pickler.out_of_band
+    if not buffers:
+        return buf.getvalue()
+    stream = buf.getbuffer()[len(prefix):]
+    first = b"".join((prefix, _framed.head([len(memoryview(b).cast("B")) for b in buffers]), stream))
+    del stream
+    return (first, *buffers)
 
 
 def _check_record(gen: Any, record: Any) -> tuple[tuple[Any, ...], str, str]:
@@ -132,10 +144,11 @@ def _discard_fresh(keep: list[tuple[Any, tuple[Any, ...]]]) -> None:
 
 
 class _Loader(pickle.Unpickler):
-    """The unpickler of snapshots: pickle's own, plus the lists written as segments."""
+    """The unpickler of snapshots: pickle's own, plus the lists written as segments and
+    the values written out of band."""
 
-    def __init__(self, file: Any) -> None:
-        super().__init__(file)
+    def __init__(self, file: Any, buffers: Any = None) -> None:
+        super().__init__(file, buffers=buffers)
         self._lists = _records.PersistentLists()
 
     def persistent_load(self, pid: Any) -> Any:
@@ -153,7 +166,11 @@ def load_payload(payload: bytes, *, edit: Any = None) -> Any:
     _records.LOAD.pending, _records.LOAD.fresh = [], []
     try:
         try:
-            obj = _Loader(io.BytesIO(payload)).load()
+            if _framed.is_framed(payload):
+                stream, buffers = _framed.unframe(payload)
+                obj = _Loader(io.BytesIO(stream), buffers).load()
+            else:
+                obj = _Loader(io.BytesIO(payload)).load()
         except errors.TccError:
             raise
         except (ImportError, AttributeError) as exc:

@@ -276,14 +276,21 @@ def _on_a_stack_of(size: int, work: Callable[[], Any]) -> Any:
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle's Pickler plus frames, shared cells and exception chains; with a
     ``segments`` cache (:class:`tcc.capture._segments.SegmentCache`), long lists reuse
-    the pickled segments of the previous dump that did not change."""
+    the pickled segments of the previous dump that did not change, and large buffers go
+    out of band, into :attr:`out_of_band` (see ``_framed``)."""
+
+    out_of_band: list[Any] | None = None
 
     def __init__(self, file: Any, protocol: int | None = None, *, segments: Any = None) -> None:
-        super().__init__(file, protocol=protocol)
-        if segments is not None:
-            from ._segments import hook
+        if segments is None:
+            super().__init__(file, protocol=protocol)
+            return
+        from ._segments import Dump
 
-            self.persistent_id = hook(segments)
+        dump = Dump(segments)
+        super().__init__(file, protocol=protocol, buffer_callback=dump.buffer)
+        self.persistent_id = dump.hook()
+        self.out_of_band = dump.buffers
 
     def dump(self, obj: Any) -> Any:
         """Pickle ``obj``; on a helper thread with a large enough stack if this thread's

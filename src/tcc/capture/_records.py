@@ -261,6 +261,14 @@ def fill_exception(exc: BaseException, state: tuple[Any, Any, Any, bool]) -> Non
 
 
 SEGMENTS_PID = "tcc:segments"
+BUFFER_PID = "tcc:buffer"  # ("tcc:buffer", "bytes" | "bytearray", data): a value out of band
+_BUFFER_TYPES = {"bytes": bytes, "bytearray": bytearray}
+
+
+def _is_blob(b: Any) -> bool:
+    """A pickled segment or a value's bytes: in the stream (bytes) or out of band (a
+    read-only view of the payload)."""
+    return type(b) is bytes or type(b) is memoryview
 
 
 def join_segments(blobs: Any, tail: Any) -> list[Any]:
@@ -272,8 +280,7 @@ def join_segments(blobs: Any, tail: Any) -> list[Any]:
     tail's items are appended, which then land after the segments' ones, in order."""
     import pickle
 
-    if type(blobs) is not tuple or type(tail) is not list \
-            or not all(type(b) is bytes for b in blobs):
+    if type(blobs) is not tuple or type(tail) is not list or not all(_is_blob(b) for b in blobs):
         raise errors.CorruptSnapshotError("malformed list segments in the snapshot")
     front: list[Any] = []
     for blob in blobs:
@@ -285,19 +292,33 @@ def join_segments(blobs: Any, tail: Any) -> list[Any]:
     return tail
 
 
+def buffer_value(kind: Any, data: Any) -> bytes | bytearray:
+    """The ``bytes`` or ``bytearray`` a pickler wrote out of band as ``(BUFFER_PID, kind,
+    data)``."""
+    cls = _BUFFER_TYPES.get(kind) if type(kind) is str else None
+    if cls is None or not _is_blob(data):
+        raise errors.CorruptSnapshotError("malformed out-of-band value in the snapshot")
+    value: bytes | bytearray = cls(data)
+    return value
+
+
 class PersistentLists:
-    """``persistent_load`` for the lists a pickler wrote as segments: one list per
-    persistent id object (every reference to the list refers to that one object)."""
+    """``persistent_load`` for what a pickler wrote by persistent id: the lists written as
+    segments and the values written out of band, one object per persistent id object
+    (every reference to the list or value refers to that one object)."""
 
     def __init__(self) -> None:
-        self._built: dict[int, tuple[Any, list[Any]]] = {}
+        self._built: dict[int, tuple[Any, Any]] = {}
 
-    def __call__(self, pid: Any) -> list[Any]:
+    def __call__(self, pid: Any) -> Any:
         got = self._built.get(id(pid))
         if got is not None and got[0] is pid:
             return got[1]
-        if not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID):
+        if type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID:
+            obj: Any = join_segments(pid[1], pid[2])
+        elif type(pid) is tuple and len(pid) == 3 and pid[0] == BUFFER_PID:
+            obj = buffer_value(pid[1], pid[2])
+        else:
             raise errors.CorruptSnapshotError("unknown persistent id in the snapshot")
-        lst = join_segments(pid[1], pid[2])
-        self._built[id(pid)] = (pid, lst)
-        return lst
+        self._built[id(pid)] = (pid, obj)
+        return obj

@@ -54,7 +54,9 @@ from ._allowlist import (
     real_type,
 )
 from ._api import _deep_recursion
-from ._records import SEGMENTS_PID
+from .. import errors
+from ._framed import is_framed, unframe
+from ._records import BUFFER_PID, SEGMENTS_PID, buffer_value
 from ._standins import CLOUDPICKLE, RECORDS
 from ._views import (
     AwareView,
@@ -95,9 +97,21 @@ class _Globals:
         got = built.get(id(pid))
         if got is not None and got[0] is pid:
             return got[1]
+        if not nested and type(pid) is tuple and len(pid) == 3 and pid[0] == BUFFER_PID:
+            size = len(pid[2]) if type(pid[2]) in (bytes, memoryview) else 0
+            self.spent += size
+            if self.spent > self.budget:
+                value: Any = self.stub("", "bytes", unbuilt=True, why=TOO_LARGE)()
+            else:
+                try:
+                    value = buffer_value(pid[1], pid[2])
+                except errors.CorruptSnapshotError:
+                    value = self.stub("", "persistent id", unbuilt=True, why="not a value tcc wrote")()
+            built[id(pid)] = (pid, value)
+            return value
         if nested or not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID
                           and type(pid[1]) is tuple and type(pid[2]) is list
-                          and all(type(b) is bytes for b in pid[1])):
+                          and all(type(b) in (bytes, memoryview) for b in pid[1])):
             return self.stub("", "persistent id", unbuilt=True, why="not a list tcc wrote")()
         front: list[Any] = []
         for blob in pid[1]:
@@ -257,8 +271,8 @@ class SafeUnpickler(pickle.Unpickler):
     :class:`TolerantUnpickler`.
     """
 
-    def __init__(self, file: Any, budget: int = BUDGET_FLOOR) -> None:
-        super().__init__(file)
+    def __init__(self, file: Any, budget: int = BUDGET_FLOOR, buffers: Any = None) -> None:
+        super().__init__(file, buffers=buffers)
         self.globals = _Globals(budget)
 
     def stub(self, module: str, qualname: str) -> StubMeta:
@@ -293,8 +307,8 @@ class TolerantUnpickler(pickle._Unpickler):
     metastack: list[list[Any]]
     memo: dict[int, Any]
 
-    def __init__(self, file: Any, budget: int = BUDGET_FLOOR) -> None:
-        super().__init__(file)
+    def __init__(self, file: Any, budget: int = BUDGET_FLOOR, buffers: Any = None) -> None:
+        super().__init__(file, buffers=buffers)
         self.globals = _Globals(budget)
 
     def stub(self, module: str, qualname: str) -> StubMeta:
@@ -461,9 +475,10 @@ def safe_loads(payload: bytes) -> Any:
     malformed data) raises.
     """
     budget = max(BUDGET_FLOOR, BUDGET_RATIO * len(payload))
+    stream, buffers = unframe(payload) if is_framed(payload) else (payload, None)
     with _deep_recursion():
         try:
-            return SafeUnpickler(io.BytesIO(payload), budget).load()
+            return SafeUnpickler(io.BytesIO(stream), budget, buffers).load()
         except Exception:  # noqa: BLE001 - retried below, which raises if it is damage
             pass
-        return TolerantUnpickler(io.BytesIO(payload), budget).load()
+        return TolerantUnpickler(io.BytesIO(stream), budget, buffers).load()

@@ -38,7 +38,8 @@ import threading
 from typing import Any
 
 from ._frames import native
-from ._records import SEGMENTS_PID
+from ._framed import MIN_BYTES
+from ._records import BUFFER_PID, SEGMENTS_PID
 
 SEGMENT = 256
 MIN_ITEMS = 2 * SEGMENT
@@ -138,29 +139,53 @@ class SegmentCache:
         return tuple(s.blob for s in segments), lst[k * SEGMENT:]
 
 
-class _Dump:
-    """One dump's persistent ids: the same id object for every reference to a list, so that
-    it loads as one list (each dump has its own, so dumps sharing a cache do not mix)."""
+class Dump:
+    """One dump's persistent ids and out-of-band buffers (``_framed``).
+
+    The same id object stands for every reference to a list or value, so that it loads
+    as one object (each dump has its own, so dumps sharing a cache do not mix).  The
+    segments' pickles, and ``bytes``/``bytearray`` values and protocol-5 buffers of at
+    least ``MIN_BYTES``, go out of band: :attr:`buffers` receives them in stream order."""
 
     def __init__(self, cache: SegmentCache) -> None:
         self.cache = cache
-        self.pids: dict[int, tuple[list[Any], Any]] = {}
+        self.pids: dict[int, tuple[Any, Any]] = {}
+        self.buffers: list[bytes | memoryview] = []
+        self._blobs: set[int] = set()  # ids of the segment pickles in this dump's ids
 
-    def pid(self, lst: list[Any]) -> Any:
-        """The persistent id that stands for ``lst`` in this dump, or None: pickle it as
+    def hook(self) -> Any:
+        """The pickler's ``persistent_id`` (not kept here: a cycle would keep this dump's
+        lists, and the dicts in them, alive past the dump, until a collection)."""
+        return native().SegmentHook(self.pid, MIN_ITEMS, MIN_BYTES)
+
+    def pid(self, obj: Any) -> Any:
+        """The persistent id that stands for ``obj`` in this dump, or None: pickle it as
         usual.  The tail in an id (``lst[k * SEGMENT:]``, a new list) is never cut again."""
-        known = self.pids.get(id(lst))
+        known = self.pids.get(id(obj))
         if known is not None:
             return known[1]
-        reduced = self.cache._reduce(lst)
-        pid = None if reduced is None else (SEGMENTS_PID, *reduced)
-        self.pids[id(lst)] = (lst, pid)  # keeps ``lst`` alive: its id is not reused in this dump
-        if reduced is not None:
-            tail = reduced[1]
-            self.pids[id(tail)] = (tail, None)
+        pid: tuple[Any, ...] | None
+        if type(obj) is list:
+            reduced = self.cache._reduce(obj)
+            if reduced is None:
+                pid = None
+            else:
+                blobs, tail = reduced
+                self._blobs.update(id(b) for b in blobs)
+                pid = (SEGMENTS_PID, tuple(pickle.PickleBuffer(b) for b in blobs), tail)
+                self.pids[id(tail)] = (tail, None)
+        else:  # bytes or bytearray of at least MIN_BYTES (the hook passes nothing else)
+            pid = (BUFFER_PID, type(obj).__name__, pickle.PickleBuffer(obj))
+        self.pids[id(obj)] = (obj, pid)  # keeps ``obj`` alive: its id is not reused in this dump
         return pid
 
-
-def hook(cache: SegmentCache) -> Any:
-    """The ``persistent_id`` for a pickler that writes long lists through ``cache``."""
-    return native().SegmentHook(_Dump(cache).pid, MIN_ITEMS)
+    def buffer(self, buf: pickle.PickleBuffer) -> bool:
+        """The pickler's ``buffer_callback``: False (out of band) for a segment's pickle or
+        a buffer of at least MIN_BYTES, True (in the stream) for a smaller one."""
+        raw = buf.raw()
+        owner = raw.obj
+        if raw.nbytes < MIN_BYTES and id(owner) not in self._blobs:
+            return True
+        # an exact bytes object is handed on as itself: the store knows it by identity
+        self.buffers.append(owner if type(owner) is bytes and len(owner) == raw.nbytes else raw)
+        return False

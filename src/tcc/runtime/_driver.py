@@ -336,7 +336,8 @@ class Driver:
             message = f"checkpoint failed, the previous snapshot is kept: {why or exc}"
             self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(errors.CaptureError(message)))
             raise errors.RunFailedError(message) from exc
-        with self.tracer.span("tcc.checkpoint", {"tcc.bytes": len(payload)}) as span:
+        size = len(payload) if isinstance(payload, bytes) else sum(memoryview(p).nbytes for p in payload)
+        with self.tracer.span("tcc.checkpoint", {"tcc.bytes": size}) as span:
             t0 = time.perf_counter()
             self.store.checkpoint(self.run_id, self.epoch, payload, completion=completion,
                                   consume_signal=consume_signal)

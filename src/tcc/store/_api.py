@@ -372,7 +372,7 @@ class Store(Protocol):
         self,
         run_id: str,
         epoch: int,
-        payload: bytes,
+        payload: bytes | tuple[bytes | memoryview, ...],
         *,
         completion: Completion | None = None,
         consume_signal: str | None = None,
@@ -387,6 +387,11 @@ class Store(Protocol):
         returned ``journal_len`` is how many journal records the snapshot
         reflects, and only intents can follow it.  Pass the payload
         uncompressed: a backend may store what did not change only once.
+        The payload may be given as a tuple of bytes-like pieces whose
+        concatenation it is (``tcc.capture.dump_stored`` returns one when large
+        buffers went out of band); :meth:`load_snapshot` returns it whole.  A
+        piece that is the very ``bytes`` object of the run's previous
+        checkpoint in this process need not be read again.
         """
         ...
 

@@ -34,6 +34,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..errors import UsageError
 from ._codec import Corrupt, Sealer
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "decode_inline",
     "encode_chunk",
     "encode_node",
+    "joined",
+    "payload_size",
     "pack_entries",
     "parse_entries",
     "SplitMemo",
@@ -100,9 +103,10 @@ class SplitMemo:
     just compared equal, never read back from disk.
     """
 
-    __slots__ = ("payload", "cuts", "starts", "offsets", "ends")
+    __slots__ = ("payload", "cuts", "starts", "offsets", "ends", "pieces")
 
     def __init__(self) -> None:
+        self.pieces: dict[int, tuple[bytes, list[tuple[bytes, memoryview]]]] = {}
         self.payload = b""
         self.cuts: list[tuple[int, int, bytes]] = []  # (offset, length, address)
         self.starts: dict[int, int] = {}  # offset -> index in cuts
@@ -144,15 +148,53 @@ except ImportError:  # not built: the pure-Python form gives the same answers
     _common = _py_common
 
 
+Payload = bytes | bytearray | memoryview | tuple[Any, ...] | list[Any]  # tuple, list: pieces
+
+
+def payload_size(payload: Any) -> int:
+    """The length of a payload given whole or as pieces; UsageError for anything else."""
+    if isinstance(payload, (tuple, list)):
+        if not payload or not all(isinstance(p, (bytes, bytearray, memoryview)) for p in payload):
+            raise UsageError("a snapshot payload given as pieces must be a non-empty tuple or "
+                             "list of bytes-like objects")
+        return sum(memoryview(p).nbytes for p in payload)
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise UsageError(f"snapshot payload must be bytes, not {type(payload).__name__}")
+    return memoryview(payload).nbytes
+
+
+def joined(payload: Any) -> bytes | memoryview:
+    """The payload as one bytes-like object."""
+    if isinstance(payload, (tuple, list)):
+        return b"".join(payload)
+    return memoryview(payload)
+
+
 def split(
-    sealer: Sealer, payload: bytes | memoryview, memo: SplitMemo | None = None
+    sealer: Sealer, payload: Any, memo: SplitMemo | None = None
 ) -> list[tuple[bytes, memoryview]]:
     """Cut ``payload`` into content-defined chunks; return ``(address, piece)`` pairs.
 
     The result is exactly that of a full FastCDC cut; ``memo`` (the previous
     payload of the same run) only avoids re-cutting and re-hashing what did
     not change.
+
+    A payload given as pieces (a tuple or list whose concatenation it is; see
+    ``tcc.capture._framed``) is cut piece by piece: its first piece as above, each
+    other one on its own, with larger chunks (``PIECE_CHUNK``).  A piece that is the
+    same ``bytes`` object as a piece of the memo's payload keeps its chunks without
+    being read: a ``bytes`` object cannot change.
     """
+    if isinstance(payload, (tuple, list)):
+        return _split_pieces(sealer, payload, memo)
+    if memo is not None:
+        memo.pieces = {}
+    return _split_one(sealer, payload, memo)
+
+
+def _split_one(
+    sealer: Sealer, payload: bytes | memoryview, memo: SplitMemo | None
+) -> list[tuple[bytes, memoryview]]:
     view = memoryview(payload).cast("B")
     data = payload if isinstance(payload, bytes) else bytes(view)
     total = len(data)
@@ -247,6 +289,40 @@ def split(
         memo.starts = dict(zip(memo.offsets, range(len(cuts))))
         memo.ends = [o + n for o, n, _ in cuts]
     return out
+
+
+PIECE_CHUNK = 128 << 10  # average chunk of a payload's later pieces (large buffers)
+
+
+def _split_pieces(sealer: Sealer, pieces: tuple[Any, ...] | list[Any],
+                  memo: SplitMemo | None) -> list[tuple[bytes, memoryview]]:
+    out = _split_one(sealer, pieces[0], memo)
+    known = memo.pieces if memo is not None else {}
+    now: dict[int, tuple[bytes, list[tuple[bytes, memoryview]]]] = {}
+    for piece in pieces[1:]:
+        got = known.get(id(piece)) if type(piece) is bytes else None
+        if got is not None and got[0] is piece:
+            cuts = got[1]
+        else:
+            view = memoryview(piece).cast("B")
+            spans = [(c.offset, c.length) for c in _piece_chunker().cut_buf(view)]  # type: ignore[attr-defined]
+            addresses = sealer.chunk_ids([view[o:o + n] for o, n in spans])
+            cuts = [(a, view[o:o + n]) for (o, n), a in zip(spans, addresses)]
+        if type(piece) is bytes:
+            now[id(piece)] = (piece, cuts)
+        out.extend(cuts)
+    if memo is not None:
+        memo.pieces = now
+    return out
+
+
+def _piece_chunker() -> object:
+    c = getattr(_local, "piece_cdc", None)
+    if c is None:
+        from pyfastcdc import FastCDC
+
+        c = _local.piece_cdc = FastCDC(avg_size=PIECE_CHUNK)
+    return c
 
 
 def encode_chunk(piece: bytes | memoryview) -> bytes:

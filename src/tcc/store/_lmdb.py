@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from . import _events, _journal, _retention, _runs, _signals, _snapshots
 from ._api import Completion, Event, GcStats, JournalRecord, RunInfo, SnapshotInfo
+from ._chunks import Payload
 from ._crypt import StoreKey
 from ._scope import Scope
 
@@ -232,7 +233,7 @@ class LmdbStore:
         self,
         run_id: str,
         epoch: int,
-        payload: bytes,
+        payload: Payload,
         *,
         completion: Completion | None = None,
         consume_signal: str | None = None,
@@ -247,7 +248,8 @@ class LmdbStore:
         Both land in ONE write transaction that first checks ``epoch``
         (FencedError, nothing written, if stale).  Pass the *uncompressed*
         payload: it is chunked by content and each new chunk compressed, so a
-        payload that changed a little costs a little.  Snapshots beyond the
+        payload that changed a little costs a little (a payload given as pieces:
+        see :meth:`tcc.store.Store.checkpoint`).  Snapshots beyond the
         newest ``keep`` (and not pinned by a fork) are dropped in the same
         transaction.
         """

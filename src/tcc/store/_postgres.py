@@ -76,14 +76,17 @@ from ._api import RunInfo, SnapshotInfo, StoreDamageWarning
 from ._chunks import (
     INLINE_MAX,
     ChunkEncoder,
+    Payload,
     SplitMemo,
     build_manifest,
     decode_chunk,
     decode_inline,
     encode_chunk,
     encode_node,
+    joined,
     pack_entries,
     parse_entries,
+    payload_size,
     split,
 )
 from ._codec import Corrupt, Sealer, as_bytes, check_int, check_name, seq_key
@@ -966,16 +969,14 @@ class PgStore:
         return self._read(op)
 
     # -------------------------------------------------------------- snapshots
-    def checkpoint(self, run_id: str, epoch: int, payload: bytes, *,
+    def checkpoint(self, run_id: str, epoch: int, payload: Payload, *,
                    completion: Completion | None = None,
                    consume_signal: str | None = None) -> SnapshotInfo:
         rid = self._rid(run_id)
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise UsageError(f"snapshot payload must be bytes, not {type(payload).__name__}")
+        size = payload_size(payload)
         c = None if completion is None else self._check_completion(completion)
         if consume_signal is not None:
             check_name("signal name", consume_signal)
-        size = len(memoryview(payload).cast("B"))
         inline = size <= INLINE_MAX
         t = self.tenant_key
         sealer = self.sealer
@@ -991,7 +992,7 @@ class PgStore:
             refs: set[bytes] = set()
             known = memo.known if memo.base is not None else set()
             if inline:
-                blobs = {"p": encode_chunk(payload)}
+                blobs = {"p": encode_chunk(joined(payload))}
                 hdr["g"] = -1
             else:
                 leaves = split(sealer, payload, memo.split)

@@ -14,20 +14,23 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StoreCorruptError, StoreError, UsageError
+from ..errors import StoreCorruptError, StoreError
 from ._api import Completion, SnapshotInfo
 from ._chunkrefs import data_key, next_chunk_id
 from ._chunks import (
     INLINE_MAX,
     ChunkEncoder,
+    Payload,
     SplitMemo,
     build_manifest,
     decode_chunk,
     decode_inline,
     encode_chunk,
     encode_node,
+    joined,
     pack_entries,
     parse_entries,
+    payload_size,
     split,
 )
 from ._codec import Corrupt, SnapRow, check_int, last_seq, seq_key, snap_rows
@@ -56,16 +59,14 @@ class RunMemo:
         self.by_addr: dict[bytes, int] = {}  # its address -> chunk id map
 
 
-def checkpoint(scope: Scope, run_id: str, epoch: int, payload: bytes, *,
+def checkpoint(scope: Scope, run_id: str, epoch: int, payload: Payload, *,
                completion: Completion | None, consume_signal: str | None) -> SnapshotInfo:
     """See :meth:`tcc.store.LmdbStore.checkpoint`."""
     rid = scope.check_run_id(run_id)
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise UsageError(f"snapshot payload must be bytes, not {type(payload).__name__}")
+    size = payload_size(payload)
     sealer, dbs, held = scope.sealer, scope.dbs, scope.held
     with scope.memo_lock:
         memo = scope.memos.pop(rid, None) or RunMemo()
-    size = len(memoryview(payload).cast("B"))
     inline = size <= INLINE_MAX
     # small payloads are stored whole in the record; larger ones are cut by content
     ordered = [] if inline else split(sealer, payload, memo.split)
@@ -91,7 +92,7 @@ def checkpoint(scope: Scope, run_id: str, epoch: int, payload: bytes, *,
     for h, p in ordered:
         if h not in prev_map and h not in encoded:
             encoded[h] = lock(h, encode(p))  # (encrypted too, in an encrypted store)
-    whole = encode_chunk(payload) if inline else b""
+    whole = encode_chunk(joined(payload)) if inline else b""
     box: list[Any] = []
     answered: list[Any] = []  # [run created, seq] of the completion journaled
 
