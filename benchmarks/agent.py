@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import signal
 import time
 from typing import Any
@@ -70,6 +71,8 @@ async def main(n: str = "10", regime: str = "const", work_iters: str = "0") -> d
     transcript: list[str] = []
     state_bytes = int(regime.split(":")[1]) if regime.startswith("size:") else 0
     blob = [f"{j:08d}" * 16 for j in range(state_bytes // 128)]  # constant state of that size
+    # ``hold:B``: one unchanged ``bytes`` of B bytes (a model, a document) held all along
+    held = random.Random(0).randbytes(int(regime.split(":")[1])) if regime.startswith("hold:") else b""
     for i in range(steps):
         busy_work(work)
         out = await step(i)
@@ -77,7 +80,7 @@ async def main(n: str = "10", regime: str = "const", work_iters: str = "0") -> d
         done, last = i + 1, out
         if regime == "grow":
             transcript.append(f"{out} [turn {i}] ".ljust(1024, "."))
-    del blob, last
+    del blob, last, held
     if regime == "grow":
         outputs = [entry.split(" ", 1)[0] for entry in transcript]
     else:  # constant state: each output was checked on arrival

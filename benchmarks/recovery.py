@@ -45,13 +45,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 PROFILES = {
     "smoke": {"sizes": [10, 50], "repeats": 2, "regimes": ["const", "grow", "work"],
-              "state_sizes": [1 << 10, 100 << 10], "k_sweep": [1, 4, 16], "peer_sizes": [10]},
+              "state_sizes": [1 << 10, 100 << 10], "k_sweep": [1, 4, 16], "peer_sizes": [10],
+              "steady_sizes": [50, 200], "held_bytes": 1 << 20},
     "quick": {"sizes": [10, 100, 1000], "repeats": 3, "regimes": ["const", "grow", "work"],
               "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
-              "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000]},
+              "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000],
+              "steady_sizes": [100, 1000], "held_bytes": 10 << 20},
     "full": {"sizes": [10, 100, 1000, 10000], "repeats": 3, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
-             "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000, 10000]},
+             "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000, 10000],
+             "steady_sizes": [100, 1000, 10000], "held_bytes": 100 << 20},
 }
 WORK_MS = 0.5
 HYBRID_K = 16
@@ -291,6 +294,50 @@ def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -
     return rows
 
 
+# ------------------------------------------------------------ steady state
+
+STEADY_TAIL = 100  # steps at the end of a run whose median step is reported
+
+
+def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    """The cost of one step once a run is long: the median of the last steps' intervals.
+
+    ``grow`` (a transcript + 1 KiB per step) at each of ``steady_sizes``, continuation
+    (a snapshot after every effect) next to replay (journal only); and ``hold`` (an
+    unchanged ``bytes`` of ``held_bytes`` kept all along) next to the same agent without
+    it, at the smallest size.  Runs are in-process, repetitions interleaved."""
+    from tcc import runtime
+    from tcc.store import open_store
+
+    agent = runtime.load_script(AGENT)
+    small = min(profile["steady_sizes"])
+    cases = [("grow", n, strategy, "grow") for n in profile["steady_sizes"]
+             for strategy in ("continuation", "replay")]
+    cases += [("hold", small, "continuation", f"hold:{profile['held_bytes']}"),
+              ("hold", small, "continuation", "const")]
+    samples: dict[tuple[str, int, str, str], list[float]] = {c: [] for c in cases}
+    for rep in range(profile["repeats"]):
+        for case in cases:
+            kind, n, strategy, regime = case
+            stamps: list[float] = []
+            agent.Harness.in_process_hook[:] = [lambda _i: stamps.append(time.perf_counter())]
+            folder = work / f"steady-{kind}-{n}-{strategy}-{regime}-{rep}"
+            try:
+                with open_store(folder) as st:
+                    runtime.start(st, AGENT, [str(n), regime, "0"], strategy=strategy)
+            finally:
+                agent.Harness.in_process_hook.clear()
+                shutil.rmtree(folder, ignore_errors=True)
+            gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+            samples[case].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
+    rows = [{"kind": kind, "n": n, "strategy": strategy, "regime": regime, "step_s": samples[(kind, n, strategy, regime)]}
+            for kind, n, strategy, regime in cases]
+    for row in rows:
+        log(f"steady {row['kind']:4} N={row['n']:<6} {row['strategy']:12} {row['regime']:>16} "
+            f"{median(row['step_s']) * 1e3:7.3f} ms/step")
+    return rows
+
+
 # -------------------------------------------------------------- Young-Daly
 
 
@@ -435,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         raw["recovery"] = recovery_suite(profile, work, log)
         raw["checkpoint"] = checkpoint_overhead(profile, work, log)
+        raw["steady"] = steady_state(profile, work, log)
         raw["young_daly"] = young_daly(profile, work, raw["checkpoint"], log)
         raw["peers"] = [] if args.no_peers else peers(profile, work, log)
     raw["elapsed_s"] = time.time() - started
@@ -469,6 +517,9 @@ def check(raw: dict[str, Any]) -> list[str]:
     for row in raw["recovery"]:
         if row["result"] != expected_result(row["n"]):
             problems.append(f"{row['strategy']} {row['regime']} N={row['n']} returned {row['result']}")
+    for row in raw.get("steady", []):
+        if not row["step_s"] or not all(x > 0 for x in row["step_s"]):
+            problems.append(f"no steady-state numbers for {row['kind']} N={row['n']} {row['strategy']}")
     for row in raw["peers"]:
         if not row.get("in_process_s") or not row.get("whole_process_s"):
             problems.append(f"peer {row.get('peer')} produced no numbers at N={row.get('n')}")

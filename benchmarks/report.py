@@ -109,6 +109,34 @@ def checkpoint_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+def steady_table(raw: dict[str, Any]) -> list[str]:
+    """Per-step time once a run is long, as ratios measured in the same run (the hot-path
+    goals: continuation at the largest N within 1.5x of the smallest N and of replay; an
+    unchanged large bytes value within 2x of the same agent without it)."""
+    rows = raw.get("steady") or []
+    if not rows:
+        return ["(not measured in this run)"]
+    step = {(r["kind"], r["n"], r["strategy"], r["regime"]): med(r["step_s"]) for r in rows}
+    grow = sorted({r["n"] for r in rows if r["kind"] == "grow"})
+    lines = ["| workload | N | continuation (ms/step) | replay, journal only (ms/step) "
+             "| continuation / replay | continuation / at N = {:,} |".format(grow[0]),
+             "|---|---|---|---|---|---|"]
+    base = step[("grow", grow[0], "continuation", "grow")]
+    for n in grow:
+        c, r = step[("grow", n, "continuation", "grow")], step[("grow", n, "replay", "grow")]
+        lines.append(f"| grow (+1 KiB/step) | {n:,} | {ms(c)} | {ms(r)} | {c / r:.2f}× | {c / base:.2f}× |")
+    held = [r for r in rows if r["kind"] == "hold" and r["regime"].startswith("hold:")]
+    for row in held:
+        plain = step[("hold", row["n"], "continuation", "const")]
+        with_it = med(row["step_s"])
+        size = int(row["regime"].split(":")[1])
+        lines += ["", "| held unchanged `bytes` | N | with it (ms/step) | without it (ms/step) | ratio |",
+                  "|---|---|---|---|---|",
+                  f"| {size / (1 << 20):,.0f} MiB | {row['n']:,} | {ms(with_it)} | {ms(plain)} "
+                  f"| {with_it / plain:.2f}× |"]
+    return lines
+
+
 def bytes_table(raw: dict[str, Any]) -> list[str]:
     lines = ["| regime | N | continuation B/step | hybrid B/step | replay B/step |", "|---|---|---|---|---|"]
     cases: dict[tuple[str, int], dict[str, float]] = {}
@@ -204,6 +232,7 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
         *bare_interpreter_lines(raw), "",
         "## Peers, same agent, same machine, same session", "", *peer_table(raw), "",
         "## Checkpoint overhead per step vs state size", "", *checkpoint_table(raw), "",
+        "## Steady-state step (median of the last 100 steps of a run)", "", *steady_table(raw), "",
         "## Store bytes per step (allocated store size / steps run)", "", *bytes_table(raw), "",
         "## Young-Daly interval vs measured hybrid K", "", *young_daly_table(raw), "",
     ]
@@ -211,6 +240,7 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
         parts += [f"![{name}]({name})", ""]
     (GENERATED / "results.md").write_text("\n".join(parts))
     summary = [BEGIN, "", header, "", "In-process recovery:", "", *recovery_table(raw, "in_process_s"), "",
+               "Steady-state step:", "", *steady_table(raw), "",
                "Peers:", "", *peer_table(raw), "", END]
     text = BENCH_README.read_text() if BENCH_README.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN in text and END in text:
