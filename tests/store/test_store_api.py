@@ -505,7 +505,7 @@ def test_journal_shorter_than_its_snapshot_index_is_damage(store_path: str) -> N
     LMDB only: rolls an LMDB page back with raw LMDB writes."""
     import lmdb
 
-    with open_store(store_path) as s:
+    with open_store(store_path, sync_intents=True) as s:  # the intent committed on its own
         run = s.create_run("e", run_id="r")
         seq = s.append_intent("r", run.epoch, "act")
         head = b"default\x00r\x00" + HEAD

@@ -126,7 +126,7 @@ def test_bit_flip_in_group_node_detected(store_path: str) -> None:
 
 def test_record_moved_between_runs_detected(store_path: str) -> None:
     """A journal record copied under another run's key fails verification (the MAC binds the key)."""
-    with open_store(store_path) as s:
+    with open_store(store_path, sync_intents=True) as s:  # each intent committed on its own
         for rid in ("a", "b"):
             s.create_run("e", run_id=rid)
             s.append_intent(rid, 1, f"from-{rid}")
@@ -442,7 +442,7 @@ def test_missing_count_record_is_reported(store_path: str, where: str) -> None:
     journal head record after it: either one going missing is refused for reading and
     appending (the other cannot stand in for it)."""
     _make(store_path, n=2)
-    with open_store(store_path) as s:
+    with open_store(store_path, sync_intents=True) as s:
         s.append_intent("r", 1, "step")  # a journal head: one record after the checkpoint
         records = len(s.journal("r"))
     db = b"journal" if where == "journal head" else b"snaps"

@@ -125,11 +125,12 @@ def open_store(
     ``key_file`` (a file of 64 hex digits, mode 0600), ``$TCC_STORE_KEY_FILE``
     or ``$TCC_STORE_KEY``; :func:`init_store` creates the schema and the key
     file.  ``map_size`` and ``max_map_size`` apply to LMDB only.  ``sync_intents``
-    (PostgreSQL only; default False): whether an intent's commit waits for its own WAL
-    flush.  By default it does not, and the step's commit that follows flushes both: one
-    flush per step, and a *server* crash can take the intent of the call in flight with
-    it, so a resumed run asks the ``verify`` probe of the first call it makes afresh
-    (:attr:`Store.intents_durable`; README, "The PostgreSQL store").
+    (default False): whether an intent waits for its own flush (``sync`` durability).  By
+    default it does not, and the step's commit that follows flushes both: one flush per
+    step.  A crash of the *process* loses no intent either way; an OS crash (LMDB) or a
+    *server* crash (PostgreSQL) can take the intent of the call in flight with it, so a
+    resumed run asks the ``verify`` probe of the first call it makes afresh
+    (:attr:`Store.intents_durable`; README, "Durability").
 
     ``durability`` (one of :data:`DURABILITIES`) is ``"sync"`` (fsync every commit), ``"group"``
     (concurrent commits share one fsync; same guarantee as sync) or
@@ -176,7 +177,8 @@ def open_store(
                        key=store_key, sync_intents=bool(sync_intents))
     where = raw and os.path.abspath(raw) or default_path()
     return LmdbStore(where, tenant=tenant, durability=durability, create=create, keep=keep,
-                     map_size=map_size, max_map_size=max_map_size, key=store_key)
+                     map_size=map_size, max_map_size=max_map_size, key=store_key,
+                     sync_intents=bool(sync_intents))
 
 
 def _key_from_file(path: str | os.PathLike[str]) -> _Any:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ._api import Completion, JournalRecord
+from . import _inflight as inflight
 from ._codec import Corrupt, as_bytes, check_int, iter_prefix, last_seq, seq_key
 from ._heads import HEAD, check_tally, journal_len, next_seq, put_head
 from ._runrecord import fence, load_run
@@ -171,12 +172,27 @@ def append_intent(scope: Scope, run_id: str, epoch: int, name: str, args: bytes,
         raise UsageError(f"effect name must be a non-empty string, not {name!r}")
     check_int("attempt", attempt, 1)
 
+    hdr_i = {"k": "i", "t": time.time(), "n": name, "ik": idempotency_key, "a": attempt}
+    log = scope.inflight
+    if log is not None:  # in flight: one write(2), journaled by the next commit (_inflight)
+        def check(txn: Any) -> tuple[int, float]:
+            hdr, _ = fence(scope, txn, rid, epoch)
+            return next_seq(scope, txn, "journal", scope.run_prefix(rid), rid), hdr["created"]
+
+        stored, created = scope.read(check)
+        try:
+            seq = log.append(scope, rid, epoch, stored,
+                             lambda key: scope.sealer.seal(b"journal", key, hdr_i, {"args": args_b}))
+        except OSError:
+            pass  # no in-flight file here (a full disk, a shared store): commit it instead
+        else:
+            note_committed(scope, rid, created, seq, intent=True)
+            return seq
+
     def op(txn: Any) -> tuple[int, float]:
         hdr, _ = fence(scope, txn, rid, epoch)
         seq = next_seq(scope, txn, "journal", scope.run_prefix(rid), rid)
-        _put_journal(scope, txn, rid, seq, {"k": "i", "t": time.time(), "n": name,
-                                            "ik": idempotency_key, "a": attempt},
-                     {"args": args_b})
+        _put_journal(scope, txn, rid, seq, hdr_i, {"args": args_b})
         return seq, hdr["created"]
 
     seq, created = scope.write(op)
@@ -191,6 +207,8 @@ def append_completion(scope: Scope, run_id: str, epoch: int, completion: Complet
 
     def op(txn: Any) -> tuple[int, float]:
         hdr, _ = fence(scope, txn, rid, epoch)
+        if type(completion.intent_seq) is int:
+            inflight.ensure(scope, txn, rid, hdr, completion.intent_seq)
         seq = next_seq(scope, txn, "journal", scope.run_prefix(rid), rid)
         if consume_signal is not None:
             consume_or_fence(scope, txn, run_id, rid, consume_signal, epoch, seq)
@@ -207,7 +225,7 @@ def journal(scope: Scope, run_id: str, start: int) -> list[JournalRecord]:
     rid = scope.check_run_id(run_id)
 
     def op(txn: Any) -> list[JournalRecord]:
-        load_run(scope, txn, rid)
+        run_hdr, _ = load_run(scope, txn, rid)
         out: list[JournalRecord] = []
         first = seq_key(scope.tenant_key, rid, max(0, start))
         for key, value in iter_prefix(txn, scope.dbs["journal"], first[:-8], first):
@@ -234,6 +252,16 @@ def journal(scope: Scope, run_id: str, start: int) -> list[JournalRecord]:
         pfx = first[:-8]
         end = max(0, start) + len(out) if out else last_seq(txn, scope.dbs["journal"], pfx) + 1
         check_tally(scope, txn, "journal", pfx, end, f"run {run_id!r}")
+        # intents in flight (``_inflight``) follow, as the next commit will journal them
+        for key, value in inflight.visible(scope, rid, run_hdr["epoch"], end):
+            seq = int.from_bytes(key[-8:], "big")
+            try:
+                h, b = scope.sealer.open(b"journal", key, value)
+            except Corrupt:
+                break
+            if seq >= start and h.get("k") == "i":
+                out.append(JournalRecord(seq, "intent", h["t"], name=h["n"], args=b.get("args"),
+                                         idempotency_key=h["ik"], attempt=h["a"]))
         return out
 
     return scope.read(op)
@@ -244,8 +272,8 @@ def journal_length(scope: Scope, run_id: str) -> int:
     rid = scope.check_run_id(run_id)
 
     def op(txn: Any) -> int:
-        load_run(scope, txn, rid)  # an unknown run: RunNotFoundError, as journal() says
-        n = journal_len(scope, txn, scope.run_prefix(rid), rid)
-        return 0 if n is None else n
+        hdr, _ = load_run(scope, txn, rid)  # an unknown run: RunNotFoundError, as journal() says
+        n = journal_len(scope, txn, scope.run_prefix(rid), rid) or 0
+        return n + len(inflight.visible(scope, rid, hdr["epoch"], n))  # and intents in flight
 
     return scope.read(op)

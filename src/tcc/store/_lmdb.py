@@ -55,9 +55,11 @@ class LmdbStore:
         map_size: int | None = None,
         max_map_size: int | None = None,
         key: bytes | str | StoreKey | None = None,
+        sync_intents: bool = False,
     ) -> None:
         self._scope = Scope(path, tenant=tenant, durability=durability, create=create, keep=keep,
-                            map_size=map_size, max_map_size=max_map_size, key=key)
+                            map_size=map_size, max_map_size=max_map_size, key=key,
+                            sync_intents=sync_intents)
 
     # ------------------------------------------------------------- properties
     @property
@@ -72,9 +74,12 @@ class LmdbStore:
 
     @property
     def intents_durable(self) -> bool:
-        """Always True: every LMDB commit, an intent's too, is as durable as the store's
-        durability mode makes it."""
-        return True
+        """False in ``sync`` durability (unless opened with ``sync_intents=True``): an
+        intent is written in flight, safe from a process crash, and made durable by the
+        step's commit, so an OS crash can take the intent of the call in flight
+        (``tcc.store._inflight``).  True otherwise: every commit, an intent's too, is as
+        durable as the durability mode makes it."""
+        return self._scope.inflight is None
 
     @property
     def durability(self) -> str:
@@ -105,6 +110,8 @@ class LmdbStore:
         scope = self._scope
         if not scope.closed:
             scope.closed = True
+            if scope.inflight is not None:
+                scope.inflight.close()
             scope.env.release()
 
     # ------------------------------------------------------------------- runs

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._proc import pid_alive
 from ..errors import FencedError, StoreCorruptError, StoreError, UsageError
+from . import _inflight as inflight
 from ._api import FINAL_STATUSES, HOST, RUN_STATUSES, RunInfo
 from ._chunkrefs import apply_diff
 from ._codec import Corrupt, as_bytes, check_int, iter_prefix, seq_key, snap_rows, u64
@@ -135,14 +136,19 @@ def claim_run(scope: Scope, run_id: str, *, lease: float, steal: bool) -> RunInf
                 f"for {hdr['lease'] - now:.1f} s more; wait for it to finish or its lease to "
                 "expire, or take it over anyway (`tcc resume --steal`, claim_run(steal=True))")
         prev = {"epoch": hdr["epoch"], "owner": f"{hdr['host']}:{hdr['pid']}"}
+        # the intents the previous owner left in flight enter the journal under its epoch,
+        # before the new one: the resumed run finds them, in doubt (``_inflight``)
+        adopted = inflight.adopt(scope, txn, rid, hdr)
         hdr.update(epoch=hdr["epoch"] + 1, host=HOST, pid=os.getpid(), lease=now + lease,
                    updated=now)
         put_run(scope, txn, rid, hdr, blobs)
         append_event(scope, txn, rid, "reclaimed" if mine else "taken_over",
-                     {**prev, "new_epoch": hdr["epoch"]})
+                     {**prev, "new_epoch": hdr["epoch"], **({"in_flight": adopted} if adopted else {})})
         return run_info(scope, rid, hdr, blobs)
 
-    return scope.write(op)
+    info = scope.write(op)
+    inflight.sweep(scope)  # files of processes that are gone, once they hold nothing more
+    return info
 
 
 def cancel_run(scope: Scope, run_id: str, *, reason: str | None) -> RunInfo:

@@ -19,6 +19,7 @@ from ._chunkrefs import HeldCache
 from ._codec import check_int, check_name, prefix
 from ._crypt import StoreKey, resolve_key
 from ._env import EnvHandle, acquire
+from ._inflight import InflightLog, sweep
 
 if TYPE_CHECKING:
     from ._journal import OpenIntents
@@ -43,6 +44,7 @@ class Scope:
         map_size: int | None,
         max_map_size: int | None,
         key: bytes | str | StoreKey | None,
+        sync_intents: bool = False,
     ) -> None:
         self.tenant_key = check_name("tenant", tenant)
         check_int("keep", keep, 1)
@@ -63,6 +65,11 @@ class Scope:
         self.memo_lock = threading.Lock()  # guards memos and intents
         self.memos: dict[bytes, RunMemo] = {}  # run id -> its last checkpoint here
         self.intents: dict[bytes, OpenIntents] = {}  # run id -> its intents journaled here
+        # sync durability: intents go to this process's in-flight file, and into the
+        # journal with the next commit (``_inflight``); None: each intent is a commit
+        self.inflight = InflightLog(self.env.path) if durability == "sync" and not sync_intents else None
+        if self.inflight is not None:
+            sweep(self)  # the files of processes that are gone (each leaves one behind)
 
     @property
     def path(self) -> str:
@@ -92,7 +99,19 @@ class Scope:
         closure), so it only reads and writes through ``txn``."""
         if self.closed:
             raise StoreError(f"store {self.path} is closed")
-        return self.env.write(fn)
+        log = self.inflight
+        if log is None or not log.pending:
+            return self.env.write(fn)
+        folded: list[Any] = []
+
+        def op(txn: Any) -> T:
+            # the intents this handle wrote in flight go first, under this commit's fsync
+            folded[:] = log.fold(self, txn)
+            return fn(txn)
+
+        result = self.env.write(op)
+        log.committed(folded)
+        return result
 
     def check_run_id(self, run_id: str, *, new: bool = False) -> bytes:
         """The key form of ``run_id``; ``new``: an id for a run being created (stricter)."""

@@ -33,6 +33,7 @@ from ._chunks import (
     payload_size,
     split,
 )
+from . import _inflight as inflight
 from ._codec import Corrupt, SnapRow, check_int, last_seq, seq_key, snap_rows
 from ._events import append_event
 from ._heads import HEAD, indexed, next_seq, put_index, snapshot_numbers
@@ -98,6 +99,8 @@ def checkpoint(scope: Scope, run_id: str, epoch: int, payload: Payload, *,
 
     def op(txn: Any) -> SnapshotInfo:
         run_hdr, _ = fence(scope, txn, rid, epoch)
+        if completion is not None and type(completion.intent_seq) is int:
+            inflight.ensure(scope, txn, rid, run_hdr, completion.intent_seq)
         jlen = next_seq(scope, txn, "journal", pfx, rid)
         if consume_signal is not None:  # recorded by the completion at jlen, if any
             consume_or_fence(scope, txn, run_id, rid, consume_signal, epoch,
