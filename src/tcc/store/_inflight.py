@@ -52,7 +52,7 @@ __all__ = ["InflightLog", "visible"]
 
 DIR = "inflight"
 _FRAME = struct.Struct(">II")  # key length, sealed entry length
-_MAX_ENTRY = 1 << 31
+_MAX_FILE = 256 << 20  # read at most this much of one file (entries past it wait for a commit)
 
 
 class _Intent:
@@ -176,7 +176,7 @@ def _entries(scope: Scope, path: str) -> list[tuple[bytes, int, bytes]]:
     A torn or foreign tail ends the reading; an entry that does not verify is skipped."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read(_MAX_ENTRY)
+            data = fh.read(_MAX_FILE)
     except OSError:
         return []
     out = []
