@@ -15,7 +15,7 @@ order.  A run taken over (``claim_run``) after its owner died gets the intents t
 left in its file written into the journal by the claiming transaction, before the new
 epoch: the resumed run sees them exactly as if they had been committed, in doubt.
 Readers of the journal (``tcc show``, the dashboard) see them too
-(:func:`visible`).
+(:func:`left_behind`).
 
 What an OS crash can take: the intent of the call in flight (its file's tail was never
 flushed), never an acknowledged step.  A resumed run then finds no intent after its
@@ -48,7 +48,7 @@ from ._runrecord import load_run
 if TYPE_CHECKING:
     from ._scope import Scope
 
-__all__ = ["InflightLog", "visible"]
+__all__ = ["InflightLog", "adopt", "ensure", "left_behind", "sweep"]
 
 DIR = "inflight"
 _FRAME = struct.Struct(">II")  # key length, sealed entry length
@@ -209,8 +209,8 @@ def _files(scope: Scope) -> list[str]:
 
 
 def left_behind(scope: Scope, rid: bytes, epoch: int, stored: int) -> list[tuple[bytes, bytes]]:
-    """The intents of run ``rid`` written at ``epoch`` and not in its journal of ``stored``
-    records, in order from ``stored`` on: ``(key, sealed journal record)``."""
+    """The intents of run ``rid`` written in flight at ``epoch`` that follow its journal of
+    ``stored`` records, in order: ``(key, sealed journal record)`` (readers show them)."""
     pfx = scope.run_prefix(rid)
     found: dict[int, tuple[bytes, bytes]] = {}
     for path in _files(scope):
@@ -243,11 +243,6 @@ def ensure(scope: Scope, txn: Any, rid: bytes, hdr: dict[str, Any], intent_seq: 
     handle of the store, in this process or one that closed it)."""
     if last_seq(txn, scope.dbs["journal"], scope.run_prefix(rid)) < intent_seq:
         adopt(scope, txn, rid, hdr)
-
-
-def visible(scope: Scope, rid: bytes, epoch: int, stored: int) -> list[tuple[bytes, bytes]]:
-    """For readers: the intents in flight that follow a journal of ``stored`` records."""
-    return left_behind(scope, rid, epoch, stored)
 
 
 def sweep(scope: Scope) -> None:

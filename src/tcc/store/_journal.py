@@ -253,7 +253,7 @@ def journal(scope: Scope, run_id: str, start: int) -> list[JournalRecord]:
         end = max(0, start) + len(out) if out else last_seq(txn, scope.dbs["journal"], pfx) + 1
         check_tally(scope, txn, "journal", pfx, end, f"run {run_id!r}")
         # intents in flight (``_inflight``) follow, as the next commit will journal them
-        for key, value in inflight.visible(scope, rid, run_hdr["epoch"], end):
+        for key, value in inflight.left_behind(scope, rid, run_hdr["epoch"], end):
             seq = int.from_bytes(key[-8:], "big")
             try:
                 h, b = scope.sealer.open(b"journal", key, value)
@@ -274,6 +274,6 @@ def journal_length(scope: Scope, run_id: str) -> int:
     def op(txn: Any) -> int:
         hdr, _ = load_run(scope, txn, rid)  # an unknown run: RunNotFoundError, as journal() says
         n = journal_len(scope, txn, scope.run_prefix(rid), rid) or 0
-        return n + len(inflight.visible(scope, rid, hdr["epoch"], n))  # and intents in flight
+        return n + len(inflight.left_behind(scope, rid, hdr["epoch"], n))  # and intents in flight
 
     return scope.read(op)
