@@ -73,7 +73,7 @@ def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes 
     if not buffers:
         return buf.getvalue()
     stream = buf.getbuffer()[len(prefix):]
-    first = b"".join((prefix, _framed.head([len(memoryview(b).cast("B")) for b in buffers]), stream))
+    first = b"".join((prefix, _framed.head([memoryview(b).nbytes for b in buffers]), stream))
     del stream
     return (first, *buffers)
 

@@ -265,7 +265,7 @@ BUFFER_PID = "tcc:buffer"  # ("tcc:buffer", "bytes" | "bytearray", data): a valu
 _BUFFER_TYPES = {"bytes": bytes, "bytearray": bytearray}
 
 
-def _is_blob(b: Any) -> bool:
+def is_blob(b: Any) -> bool:
     """A pickled segment or a value's bytes: in the stream (bytes) or out of band (a
     read-only view of the payload)."""
     return type(b) is bytes or type(b) is memoryview
@@ -280,7 +280,7 @@ def join_segments(blobs: Any, tail: Any) -> list[Any]:
     tail's items are appended, which then land after the segments' ones, in order."""
     import pickle
 
-    if type(blobs) is not tuple or type(tail) is not list or not all(_is_blob(b) for b in blobs):
+    if type(blobs) is not tuple or type(tail) is not list or not all(is_blob(b) for b in blobs):
         raise errors.CorruptSnapshotError("malformed list segments in the snapshot")
     front: list[Any] = []
     for blob in blobs:
@@ -296,7 +296,7 @@ def buffer_value(kind: Any, data: Any) -> bytes | bytearray:
     """The ``bytes`` or ``bytearray`` a pickler wrote out of band as ``(BUFFER_PID, kind,
     data)``."""
     cls = _BUFFER_TYPES.get(kind) if type(kind) is str else None
-    if cls is None or not _is_blob(data):
+    if cls is None or not is_blob(data):
         raise errors.CorruptSnapshotError("malformed out-of-band value in the snapshot")
     value: bytes | bytearray = cls(data)
     return value

@@ -56,7 +56,7 @@ from ._allowlist import (
 from ._api import _deep_recursion
 from .. import errors
 from ._framed import is_framed, unframe
-from ._records import BUFFER_PID, SEGMENTS_PID, buffer_value
+from ._records import BUFFER_PID, SEGMENTS_PID, buffer_value, is_blob
 from ._standins import CLOUDPICKLE, RECORDS
 from ._views import (
     AwareView,
@@ -98,7 +98,7 @@ class _Globals:
         if got is not None and got[0] is pid:
             return got[1]
         if not nested and type(pid) is tuple and len(pid) == 3 and pid[0] == BUFFER_PID:
-            size = len(pid[2]) if type(pid[2]) in (bytes, memoryview) else 0
+            size = len(pid[2]) if is_blob(pid[2]) else 0
             self.spent += size
             if self.spent > self.budget:
                 value: Any = self.stub("", "bytes", unbuilt=True, why=TOO_LARGE)()
@@ -111,7 +111,7 @@ class _Globals:
             return value
         if nested or not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID
                           and type(pid[1]) is tuple and type(pid[2]) is list
-                          and all(type(b) in (bytes, memoryview) for b in pid[1])):
+                          and all(is_blob(b) for b in pid[1])):
             return self.stub("", "persistent id", unbuilt=True, why="not a list tcc wrote")()
         front: list[Any] = []
         for blob in pid[1]:

@@ -136,9 +136,7 @@ class InflightLog:
                 if intent.seq > stored:
                     break  # a gap: left for a completion to find in the file
                 if intent.seq == stored:
-                    txn.put(intent.key, intent.value, db=scope.dbs["journal"])
-                    stored += 1
-                    put_head(scope, txn, "journal", pfx, stored)
+                    stored = _journal(scope, txn, pfx, intent.key, intent.value, stored)
                 done.append(intent)
         return done
 
@@ -231,10 +229,15 @@ def adopt(scope: Scope, txn: Any, rid: bytes, hdr: dict[str, Any]) -> int:
     stored = last_seq(txn, scope.dbs["journal"], pfx) + 1
     left = left_behind(scope, rid, hdr["epoch"], stored)
     for key, value in left:
-        txn.put(key, value, db=scope.dbs["journal"])
-        stored += 1
-        put_head(scope, txn, "journal", pfx, stored)
+        stored = _journal(scope, txn, pfx, key, value, stored)
     return len(left)
+
+
+def _journal(scope: Scope, txn: Any, pfx: bytes, key: bytes, value: bytes, stored: int) -> int:
+    """Put intent record ``stored`` (``key``, ``value``) into the journal and count it."""
+    txn.put(key, value, db=scope.dbs["journal"])
+    put_head(scope, txn, "journal", pfx, stored + 1)
+    return stored + 1
 
 
 def ensure(scope: Scope, txn: Any, rid: bytes, hdr: dict[str, Any], intent_seq: int) -> None:

@@ -220,6 +220,15 @@ def append_completion(scope: Scope, run_id: str, epoch: int, completion: Complet
     return seq
 
 
+def _record(seq: int, h: dict[str, Any], b: dict[str, bytes]) -> JournalRecord:
+    """The :class:`JournalRecord` of a verified journal record's header and blobs."""
+    if h["k"] == "i":
+        return JournalRecord(seq, "intent", h["t"], name=h["n"], args=b.get("args"),
+                             idempotency_key=h["ik"], attempt=h["a"])
+    return JournalRecord(seq, "completion", h["t"], intent_seq=h["i"],
+                         result=b.get("r"), error=b.get("e"), duration=h["d"])
+
+
 def journal(scope: Scope, run_id: str, start: int) -> list[JournalRecord]:
     """See :meth:`tcc.store.LmdbStore.journal`."""
     rid = scope.check_run_id(run_id)
@@ -242,12 +251,7 @@ def journal(scope: Scope, run_id: str, start: int) -> list[JournalRecord]:
                 h, b = scope.sealer.open(b"journal", key, value)
             except Corrupt as exc:
                 raise scope.corrupt(f"journal record {seq} of run {run_id!r}", exc) from None
-            if h["k"] == "i":
-                out.append(JournalRecord(seq, "intent", h["t"], name=h["n"], args=b.get("args"),
-                                         idempotency_key=h["ik"], attempt=h["a"]))
-            else:
-                out.append(JournalRecord(seq, "completion", h["t"], intent_seq=h["i"],
-                                         result=b.get("r"), error=b.get("e"), duration=h["d"]))
+            out.append(_record(seq, h, b))
         # the newest records leave no gap when they go: the count says how many there are
         pfx = first[:-8]
         end = max(0, start) + len(out) if out else last_seq(txn, scope.dbs["journal"], pfx) + 1
@@ -260,8 +264,7 @@ def journal(scope: Scope, run_id: str, start: int) -> list[JournalRecord]:
             except Corrupt:
                 break
             if seq >= start and h.get("k") == "i":
-                out.append(JournalRecord(seq, "intent", h["t"], name=h["n"], args=b.get("args"),
-                                         idempotency_key=h["ik"], attempt=h["a"]))
+                out.append(_record(seq, h, b))
         return out
 
     return scope.read(op)
