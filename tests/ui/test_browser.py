@@ -77,6 +77,17 @@ def _click(driver: Any, wait: Any, selector: str) -> None:
     raise AssertionError(f"{selector} kept being replaced")
 
 
+def _row(driver: Any, wait: Any, selector: str) -> tuple[str, str]:
+    """The class and text of what ``selector`` finds, read again if the live page replaced it."""
+    for _ in range(20):
+        try:
+            element = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, selector)))
+            return element.get_attribute("class") or "", element.text
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} kept being replaced")
+
+
 def _confirm(driver: Any, wait: Any) -> None:
     wait.until(EC.visibility_of_element_located((By.ID, "confirm")))
     driver.find_element(By.ID, "confirm-yes").click()
@@ -94,18 +105,18 @@ def test_approve_a_parked_run_and_watch_it_complete(tmp_path: pathlib.Path, brow
         assert "token=" not in browser.current_url
 
         # 2. the parked run is in the list, marked as needing a person; the finished one is not
-        row = wait.until(EC.presence_of_element_located(
-            (By.CSS_SELECTOR, f'tr[data-run="{run_id}"]')))
-        assert "needs-human" in row.get_attribute("class")
-        assert "waiting" in row.text and "needs you" in row.text
-        finished = browser.find_element(By.CSS_SELECTOR, f'tr[data-run="{other}"]')
-        assert "completed" in finished.text and "needs-human" not in (finished.get_attribute("class") or "")
+        #    (the list refreshes every second, its ages change, so rows are read afresh)
+        classes, text = _row(browser, wait, f'tr[data-run="{run_id}"]')
+        assert "needs-human" in classes
+        assert "waiting" in text and "needs you" in text
+        classes, text = _row(browser, wait, f'tr[data-run="{other}"]')
+        assert "completed" in text and "needs-human" not in classes
         _shot(browser, "runs")
 
         # 3. its frozen stack shows the locals' values; a <script> value is text, not code
-        row.find_element(By.CSS_SELECTOR, "a.run-link").click()
+        _click(browser, wait, f'tr[data-run="{run_id}"] a.run-link')
         wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#run-status")))
-        browser.find_element(By.PARTIAL_LINK_TEXT, "Frozen stack").click()
+        _click(browser, wait, '#run a[href$="/stack"]')  # the run page refreshes itself
         frames = wait.until(EC.presence_of_element_located((By.ID, "frames")))
         locals_ = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[1].text
                    for r in frames.find_elements(By.CSS_SELECTOR, "table.locals tbody tr")}
@@ -168,15 +179,14 @@ def test_the_demo_run_in_the_browser(tmp_path: pathlib.Path, browser: Any) -> No
     wait = WebDriverWait(browser, 30)
     with running_ui(store) as ui:
         browser.get(ui.url)
-        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, f'tr[data-run="{demo_id}"]'))) \
-            .find_element(By.CSS_SELECTOR, "a.run-link").click()
+        _click(browser, wait, f'tr[data-run="{demo_id}"] a.run-link')
         wait.until(EC.text_to_be_present_in_element((By.ID, "run-status"), "completed"))
         timeline = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "table.timeline"))).text
         for kind in ("started", "taken_over", "resumed", "completed"):  # killed, then resumed
             assert kind in timeline, kind
         assert "search(" in timeline and "llm(" in timeline  # its effect calls
         _shot(browser, "demo-run")
-        browser.find_element(By.PARTIAL_LINK_TEXT, "Frozen stack").click()
+        _click(browser, wait, '#run a[href$="/stack"]')  # the run page refreshes itself
         frames = wait.until(EC.presence_of_element_located((By.ID, "frames"))).text
         assert "research_agent.py" in frames and "notes" in frames
         _shot(browser, "demo-stack")
