@@ -65,3 +65,68 @@ def test_the_lazy_names_of_capture_are_there_when_asked_for():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "has no attribute 'no_such_name'" in out.stdout
+
+
+_AGENT = '''
+import json, os, signal, sys
+import tcc
+
+@tcc.effect
+async def step(i):
+    marker = os.environ["MARK"]
+    if i == 1 and not os.path.exists(marker):  # the first process dies inside step 1
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if i == 1:  # the resumed process's first new effect: what has it imported so far?
+        with open(marker, "w") as fh:
+            json.dump(sorted(sys.modules), fh)
+    return i * 10
+
+async def main():
+    total = 0
+    for i in range(3):
+        total += await step(i)
+    return total
+'''
+
+_HEAVY = ("cloudpickle", "greenlet", "tcc.capture._pickler", "tcc.capture._diagnose")
+
+
+def test_resume_reaches_its_first_new_effect_without_the_pickler(tmp_path):
+    """A resumed run restores its snapshot with pickle's loader; the pickler (cloudpickle,
+    ~14 ms of imports) and greenlet (plain-``def`` agents only) are imported when first
+    needed, after the first new effect.  The run then checkpoints and finishes as usual."""
+    script = tmp_path / "agent.py"
+    script.write_text(_AGENT)
+    mark = tmp_path / "mark"
+    env = {**__import__("os").environ, "TCC_STORE": str(tmp_path / "store"), "MARK": str(mark)}
+    first = subprocess.run([sys.executable, "-m", "tcc", "run", "--run-id", "r", str(script)],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -9, first.stderr  # killed inside step 1
+    second = subprocess.run([sys.executable, "-m", "tcc", "resume", "--json", "r"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["result"] == 30  # 0 + 10 + 20: nothing lost or run twice
+    loaded = set(json.loads(mark.read_text()))
+    assert "tcc.runtime._driver" in loaded and "tcc.capture._api" in loaded
+    assert loaded.isdisjoint(_HEAVY), sorted(loaded.intersection(_HEAVY))
+
+
+def test_reading_commands_import_no_pickler(tmp_path):
+    """`tcc ls` and `tcc show` read runs; they never pickle, so they never import the pickler."""
+    store = tmp_path / "store"
+    script = tmp_path / "agent.py"
+    script.write_text(_AGENT.replace("if i == 1 and", "if False and"))
+    env = {**__import__("os").environ, "TCC_STORE": str(store), "MARK": str(tmp_path / "mark")}
+    done = subprocess.run([sys.executable, "-m", "tcc", "run", "--run-id", "r", str(script)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for argv in (["ls"], ["show", "r"], ["show", "--json", "r"]):
+        code = ("import sys, json; from tcc.cli._main import main\n"
+                f"rc = main({argv!r})\n"
+                f"print(json.dumps([rc, sorted(m for m in {_HEAVY!r} if m in sys.modules)]), file=sys.stderr)\n")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=120)
+        rc, heavy = json.loads(out.stderr.strip().splitlines()[-1])
+        assert (rc, heavy) == (0, []), (argv, out.stdout, out.stderr)
+        assert "r" in out.stdout

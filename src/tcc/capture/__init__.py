@@ -22,7 +22,7 @@ from ._frames import available as native_available
 from ._frames import code_of as code_of
 from ._frames import slot_names as slot_names
 from ._fingerprint import fingerprint as fingerprint
-from ._pickler import register_reducer as register_reducer
+from ._registry import register_reducer as register_reducer
 from ._segments import SegmentCache as SegmentCache
 
 # What only a display of snapshots uses (``tcc inspect``, ``tcc show``, the dashboard) is

@@ -6,11 +6,13 @@ import contextlib
 import io
 import pickle
 import sys
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import errors
-from . import _blob, _diagnose, _flow, _frames, _framed, _records
-from ._pickler import Pickler
+from . import _blob, _flow, _frames, _framed, _records
+
+if TYPE_CHECKING:
+    from ._pickler import Pickler
 
 PROTOCOL = 5
 
@@ -32,6 +34,9 @@ def _deep_recursion() -> Iterator[None]:
 
 
 def _new_pickler(buf: io.BytesIO, segments: Any = None) -> Pickler:
+    # imported at the first pickling, not with tcc: see ``_registry``
+    from ._pickler import Pickler
+
     return Pickler(buf, protocol=PROTOCOL, segments=segments)
 
 
@@ -66,6 +71,8 @@ def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes 
             pickler = _new_pickler(buf, segments)
             pickler.dump(obj)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
+        from . import _diagnose
+
         with _deep_recursion():
             message = _diagnose.explain(obj, exc, _new_pickler)
         raise errors.CaptureError(message) from exc

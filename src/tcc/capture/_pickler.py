@@ -52,29 +52,10 @@ from .. import errors
 from . import _frames, _records
 from ._fingerprint import fingerprint
 
-Reduce = tuple[Any, ...]
-
-_REGISTRY: dict[type, Callable[[Any], Reduce]] = {}
-
-# Per-type decision cache: type -> handler (or None for "let pickle decide").
-_KIND_CACHE: dict[type, Callable[["Pickler", Any], Any] | None] = {}
-
-
-def register_reducer(cls: type, reducer: Callable[[Any], Reduce]) -> None:
-    """Teach tcc how to capture instances of ``cls`` (and its subclasses).
-
-    ``reducer(obj)`` returns a ``__reduce__``-style tuple, e.g.
-    ``(threading.Lock, ())`` to rebuild a lock as a new, unlocked lock.  Use it
-    for objects tcc refuses by default (files, sockets, clients holding them)
-    when you know how to rebuild them on restore.
-    """
-    if not isinstance(cls, type):
-        raise TypeError(f"register_reducer() needs a class, not {cls!r}")
-    if not callable(reducer):  # found at the next capture otherwise, far from the mistake
-        raise TypeError(f"register_reducer({cls.__qualname__}, ...) needs a function taking the "
-                        f"object and returning a __reduce__ tuple, not {reducer!r}")
-    _REGISTRY[cls] = reducer
-    _KIND_CACHE.clear()
+from ._registry import KIND_CACHE as _KIND_CACHE
+from ._registry import REGISTRY as _REGISTRY
+from ._registry import Reduce
+from ._registry import register_reducer as register_reducer  # noqa: F401 - its old home
 
 
 class _Refusal:

@@ -7,6 +7,8 @@ What a front end (the CLI, a library user, a dashboard) does to runs is here, on
 is what they are built from.
 """
 
+import typing as _typing
+
 from ._operations import Cancellation as Cancellation
 from ._operations import HYBRID_EVERY as HYBRID_EVERY
 from ._operations import answer as answer
@@ -56,8 +58,10 @@ from ._scripts import module_name as script_module_name
 from ._scripts import split_entry as split_entry
 from ._agent_errors import forgotten_await as forgotten_await
 from ._agent_errors import unsupported_await as unsupported_await
-from ._sync import GreenletTask as GreenletTask
 from ._trace import flush_tracing as flush_tracing
+
+if _typing.TYPE_CHECKING:
+    from ._sync import GreenletTask as GreenletTask
 
 __all__ = [
     "Cancellation",
@@ -112,3 +116,12 @@ __all__ = [
     "unsupported_await",
     "when",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # greenlet is imported by the first plain-``def`` agent, not by every tcc process
+    if name == "GreenletTask":
+        from ._sync import GreenletTask
+
+        return GreenletTask
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
