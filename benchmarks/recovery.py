@@ -21,7 +21,8 @@ A B C A B C ...):
   LMDB put+commit of the same bytes, store bytes per step;
 * the Young-Daly interval from the measured checkpoint cost, against a
   measured sweep of hybrid K;
-* DBOS and LangGraph running the same agent, when installed (``[peers]``).
+* DBOS and LangGraph running the same agent, when installed (``[peers]``): their
+  recovery, and their mean step on the growing transcript next to tcc's.
 """
 
 from __future__ import annotations
@@ -338,6 +339,68 @@ def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[
     return rows
 
 
+def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    """What a step costs on the growing transcript, tcc next to the installed peers.
+
+    At each of ``peer_sizes``, one repetition of every system per round (rounds
+    interleaved): tcc continuation and tcc replay run N steps in-process
+    (``runtime.start``), each peer runs its crash child (N-1 steps, then SIGKILL; see
+    ``benchmarks/peers/_harness.py``).  For every system the figure is the mean step
+    interval over the whole run, with the agent's own work in it, so all are measured
+    the same way; ``bare_step_s`` (the agent loop with no framework, measured once per
+    size) is reported next to it.  tcc's last-100-step median is reported too."""
+    from benchmarks.peers import _agent
+    from tcc import runtime
+    from tcc.store import open_store
+
+    agent = runtime.load_script(AGENT)
+    peer_mods = []
+    for modname in ("dbos_peer", "langgraph_peer"):
+        try:
+            mod = __import__(f"benchmarks.peers.{modname}", fromlist=["measure"])
+        except ImportError:
+            continue
+        if mod.available():
+            peer_mods.append((modname.split("_")[0], mod))
+    if not peer_mods:  # tcc alone is the steady-state section's business
+        log("step costs: no peer installed (pip install 'tcc[peers]'); skipped")
+        return []
+    rows: list[dict[str, Any]] = []
+    for n in profile["peer_sizes"]:
+        bare = _agent.bare_per_step_s(n, "grow", 0)
+        systems = ["tcc continuation", "tcc replay", *[name for name, _ in peer_mods]]
+        samples: dict[str, dict[str, list[float]]] = {s: {"mean": [], "tail": []} for s in systems}
+        for rep in range(profile["repeats"]):
+            for strategy in ("continuation", "replay"):
+                stamps: list[float] = []
+                agent.Harness.in_process_hook[:] = [lambda _i: stamps.append(time.perf_counter())]
+                folder = work / f"steps-{n}-{strategy}-{rep}"
+                try:
+                    with open_store(folder) as st:
+                        runtime.start(st, AGENT, [str(n), "grow", "0"], strategy=strategy)
+                finally:
+                    agent.Harness.in_process_hook.clear()
+                    shutil.rmtree(folder, ignore_errors=True)
+                gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+                samples[f"tcc {strategy}"]["mean"].append(statistics.fmean(gaps))
+                samples[f"tcc {strategy}"]["tail"].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
+            for name, mod in peer_mods:
+                folder = work / f"steps-{name}-{n}-{rep}"
+                folder.mkdir(parents=True, exist_ok=True)
+                row = mod.measure(n, regime="grow", work_ms=0.0, repeats=1, workdir=folder, work_iters=0)
+                if row.get("final_result") not in (None, _agent.expected_result(n)):
+                    raise RuntimeError(f"{name} returned {row['final_result']} at N={n}")
+                samples[name]["mean"].append(row["per_step_overhead_runs_s"][0] + row["bare_step_s"])
+                shutil.rmtree(folder, ignore_errors=True)
+        for system in systems:
+            rows.append({"n": n, "system": system, "bare_step_s": bare,
+                         "mean_step_s": samples[system]["mean"], "tail_step_s": samples[system]["tail"]})
+            log(f"steps grow N={n:<6} {system:17} mean {median(samples[system]['mean']) * 1e3:7.3f} ms/step"
+                + (f"  last {STEADY_TAIL}: {median(samples[system]['tail']) * 1e3:7.3f}"
+                   if samples[system]["tail"] else ""))
+    return rows
+
+
 # -------------------------------------------------------------- Young-Daly
 
 
@@ -485,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         raw["steady"] = steady_state(profile, work, log)
         raw["young_daly"] = young_daly(profile, work, raw["checkpoint"], log)
         raw["peers"] = [] if args.no_peers else peers(profile, work, log)
+        raw["step_costs"] = [] if args.no_peers else step_costs(profile, work, log)
     raw["elapsed_s"] = time.time() - started
     problems = check(raw)
     out = RESULTS / f"recovery-{profile_name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -520,6 +584,9 @@ def check(raw: dict[str, Any]) -> list[str]:
     for row in raw.get("steady", []):
         if not row["step_s"] or not all(x > 0 for x in row["step_s"]):
             problems.append(f"no steady-state numbers for {row['kind']} N={row['n']} {row['strategy']}")
+    for row in raw.get("step_costs", []):
+        if not row["mean_step_s"] or not all(x > 0 for x in row["mean_step_s"]):
+            problems.append(f"no step costs for {row['system']} at N={row['n']}")
     for row in raw["peers"]:
         if not row.get("in_process_s") or not row.get("whole_process_s"):
             problems.append(f"peer {row.get('peer')} produced no numbers at N={row.get('n')}")

@@ -137,6 +137,27 @@ def steady_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+def step_cost_table(raw: dict[str, Any]) -> list[str]:
+    """Mean step on the growing transcript, tcc next to the peers (the hot-path goal: tcc
+    continuation at most 0.5x each peer at N = 1,000 and 10,000), as ratios in one run."""
+    rows = raw.get("step_costs") or []
+    if not rows:
+        return ["(not measured in this run: the peers are not installed, or --no-peers)"]
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    peers = [s for s in systems if not s.startswith("tcc")]
+    lines = ["| N | " + " | ".join(f"{s} (ms/step)" for s in systems) + " | "
+             + " | ".join(f"continuation / {p}" for p in peers) + " | no framework (µs/step) |",
+             "|" + "---|" * (len(systems) + len(peers) + 2)]
+    for n in sorted({r["n"] for r in rows}):
+        at = {r["system"]: r for r in rows if r["n"] == n}
+        cont = med(at["tcc continuation"]["mean_step_s"])
+        cells = [f"{ms(med(at[s]['mean_step_s']))} ± {ms(spread(at[s]['mean_step_s']))}" for s in systems]
+        ratios = [f"{cont / med(at[p]['mean_step_s']):.2f}×" for p in peers]
+        lines.append(f"| {n:,} | " + " | ".join(cells + ratios) + f" | {at['tcc continuation']['bare_step_s'] * 1e6:.1f} |")
+    return lines + ["", "Mean step interval over the whole run of N steps (tcc in-process; each peer in "
+                    "its crash child, steps 0..N-2), the agent's own work included."]
+
+
 def bytes_table(raw: dict[str, Any]) -> list[str]:
     lines = ["| regime | N | continuation B/step | hybrid B/step | replay B/step |", "|---|---|---|---|---|"]
     cases: dict[tuple[str, int], dict[str, float]] = {}
@@ -233,6 +254,7 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
         "## Peers, same agent, same machine, same session", "", *peer_table(raw), "",
         "## Checkpoint overhead per step vs state size", "", *checkpoint_table(raw), "",
         "## Steady-state step (median of the last 100 steps of a run)", "", *steady_table(raw), "",
+        "## Step cost on the growing transcript, tcc next to the peers", "", *step_cost_table(raw), "",
         "## Store bytes per step (allocated store size / steps run)", "", *bytes_table(raw), "",
         "## Young-Daly interval vs measured hybrid K", "", *young_daly_table(raw), "",
     ]
@@ -241,6 +263,7 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
     (GENERATED / "results.md").write_text("\n".join(parts))
     summary = [BEGIN, "", header, "", "In-process recovery:", "", *recovery_table(raw, "in_process_s"), "",
                "Steady-state step:", "", *steady_table(raw), "",
+               "Step cost on the growing transcript, next to the peers:", "", *step_cost_table(raw), "",
                "Peers:", "", *peer_table(raw), "", END]
     text = BENCH_README.read_text() if BENCH_README.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN in text and END in text:
