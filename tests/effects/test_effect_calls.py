@@ -10,6 +10,7 @@
    and an instance that cannot be journaled fails the run with a hint.
 4. Resources -- ``tcc.resource``: its truth is the wrapped object's, its factory runs
    once, and a snapshot holds the factory call, not the object.
+5. Where a sync call runs -- on the driver's thread without a timeout, on its own with one.
 """
 
 from __future__ import annotations
@@ -399,3 +400,54 @@ def test_resource_snapshot_holds_the_factory_call_not_the_object():
     copy = load_payload(dump_payload(res))
     assert MADE == [1]
     assert copy.locked() is False and copy and MADE == [1, 1]
+
+
+# 5. Where a sync call runs -------------------------------------------------------------
+
+_WHERE = '''
+import asyncio, threading
+import tcc
+
+@tcc.effect
+def plain(x):
+    async def doubled():
+        return x * 2
+    return threading.get_ident(), asyncio.run(doubled())  # no loop runs while it is called
+
+@tcc.effect(timeout=30)
+def timed(x):
+    return threading.get_ident(), x
+
+@tcc.effect
+def stops(x):
+    raise StopIteration(x)
+
+@tcc.effect(timeout=30)
+def stops_timed(x):
+    raise StopIteration(x)
+
+async def main():
+    here = threading.get_ident()
+    (p_thread, p_value), (t_thread, t_value) = await plain(21), await timed(7)
+    errors = []
+    for call in (stops, stops_timed):
+        try:
+            await call(1)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+    return {"plain_here": p_thread == here, "plain": p_value, "timed_here": t_thread == here,
+            "timed": t_value, "errors": errors}
+'''
+
+
+def test_a_sync_call_without_timeout_runs_on_the_drivers_thread_and_a_timed_one_on_its_own(tmp_path):
+    """No thread per call for a plain sync effect (it may run its own event loop); a timed
+    one keeps its thread (the timeout needs it); both turn StopIteration into the same
+    RuntimeError, as a future cannot carry it."""
+    script = tmp_path / "where.py"
+    script.write_text(_WHERE)
+    with open_store(tmp_path / "store") as store:
+        outcome = runtime.start(store, str(script))
+    assert outcome.status == "completed", outcome
+    assert outcome.result == {"plain_here": True, "plain": 42, "timed_here": False, "timed": 7,
+                              "errors": ["effect raised StopIteration: 1"] * 2}
