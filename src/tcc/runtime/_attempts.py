@@ -197,7 +197,8 @@ class Attempts:
         if verified is None:
             return None
         self.store.add_event(self.run_id, "in_doubt_verified",
-                             {"effect": effect.name, "key": key, "unrecorded": True}, epoch=self.epoch)
+                             {"effect": effect.name, "key": key, "unrecorded": True}, epoch=self.epoch,
+                             deferred=True)
         seq = self.store.append_intent(self.run_id, self.epoch, effect.name, args_blob,
                                        idempotency_key=key, attempt=attempt)
         return ("send", verified), completion_record(seq, ("send", verified), 0.0)
@@ -216,7 +217,8 @@ class Attempts:
             verified = self.run_sync_or_async(effect.verify, (intent,), {}, effect, logged.key, attempt)
             if verified is not None:
                 self.store.add_event(self.run_id, "in_doubt_verified",
-                                     {"effect": effect.name, "key": logged.key}, epoch=self.epoch)
+                                     {"effect": effect.name, "key": logged.key}, epoch=self.epoch,
+                                     deferred=True)
                 seq = self.store.append_intent(
                     self.run_id, self.epoch, effect.name, logged.args,
                     idempotency_key=logged.key, attempt=attempt,
@@ -224,7 +226,7 @@ class Attempts:
                 return ("send", verified), completion_record(seq, ("send", verified), 0.0)
         self.store.add_event(
             self.run_id, "in_doubt_reissued", {"effect": effect.name, "key": logged.key, "attempt": attempt},
-            epoch=self.epoch,
+            epoch=self.epoch, deferred=True,  # with the re-issued call's completion
         )
         return None
 

@@ -122,10 +122,12 @@ def _verify_func(entry: str, verify: str | None) -> Any:
     return func if callable(func) else None
 
 
-def _history(store: Store, run_id: str) -> tuple[str | None, bool, set[tuple[str, int]]]:
+def _history(store: Store, run_id: str, epoch: int) -> tuple[str | None, bool, set[tuple[str, int]]]:
     """From the run's events: its ``--verify`` function name; whether a process has
-    executed it yet (``started`` or ``resumed``: a fork that was never resumed has not);
-    and the attempts ``tcc retry`` issued, as (call key, attempt)."""
+    executed it before the claim that gave this process ``epoch`` (``started``, or an
+    earlier claim: a fork that was never resumed has neither; the ``resumed`` event of
+    a claim is written with the claimant's first step and can be lost with it); and the
+    attempts ``tcc retry`` issued, as (call key, attempt)."""
     name, executed, retried = None, False, set()
     for event in store.events(run_id):
         data = dict(event.data)
@@ -134,7 +136,9 @@ def _history(store: Store, run_id: str) -> tuple[str | None, bool, set[tuple[str
         elif event.kind == "retried" and isinstance(data.get("key"), str) \
                 and isinstance(data.get("attempt"), int):
             retried.add((data["key"], data["attempt"]))
-        executed = executed or event.kind in ("started", "resumed")
+        claimed = event.kind in ("taken_over", "reclaimed") and isinstance(data.get("new_epoch"), int) \
+            and data["new_epoch"] < epoch
+        executed = executed or claimed or event.kind in ("started", "resumed")
     return name, executed, retried
 
 
@@ -421,7 +425,7 @@ def resume(
                 f"run {run_id} is already {status}; there is nothing to resume") from None
         raise
 
-    verify_name, executed, retried = _history(store, run_id)  # (before this resume's own event)
+    verify_name, executed, retried = _history(store, run_id, run.epoch)  # (before this claim)
     crashed = crashed and executed
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     # What the fresh import bound, before a snapshot's module-level data overwrites it.
@@ -440,11 +444,14 @@ def resume(
         if state.module_state is not None and modules is not None:
             modules.restore(state.module_state)
         start_seq = info.journal_len
-        store.add_event(run_id, "resumed", {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()})
+        resumed: dict[str, Any] = {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()}
     else:
         coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry, run_id)
         resumption, calls, start_seq, waits = ("send", None), 0, 0, {}
-        store.add_event(run_id, "resumed", {"snapshot": None, "journal": 0, "pid": os.getpid()})
+        resumed = {"snapshot": None, "journal": 0, "pid": os.getpid()}
+    # with the first step's commit (or a park): a crash before it makes it moot, and the
+    # claim's own event (durable) already says that a process took the run up
+    store.add_event(run_id, "resumed", resumed, epoch=run.epoch, deferred=True)
     tail = store.journal(run_id, start_seq)
     resumption = answered_request(resumption, tail)
     replay = logged_calls(tail)

@@ -445,9 +445,15 @@ class Store(Protocol):
         ...
 
     def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None, *,
-                  epoch: int | None = None) -> None:
+                  epoch: int | None = None, deferred: bool = False) -> None:
         """Append an event (``data`` JSON-able) to the run's audit trail; fenced like
-        every write of the owner if ``epoch`` is given."""
+        every write of the owner if ``epoch`` is given.
+
+        ``deferred`` (needs ``epoch``): the event may wait for the owner's next write
+        (its step's commit, a park) instead of costing a durable commit of its own; it
+        is then fenced by ``epoch`` when written, and lost if the process dies first.
+        For events a later crash makes redundant (``resumed``, ``in_doubt_*``).  A store
+        may write it at once (PostgreSQL does)."""
         ...
 
     def events(self, run_id: str) -> list[Event]:

@@ -6,6 +6,7 @@ the run's event count (a head record) makes a lost newest event visible.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -22,20 +23,44 @@ __all__ = ["add_event", "append_event", "events"]
 
 
 def append_event(scope: Scope, txn: Any, rid: bytes, kind: str,
-                 data: Mapping[str, Any] | None) -> None:
-    """Inside a write transaction: append event ``kind`` to run ``rid``'s trail."""
+                 data: Mapping[str, Any] | None, at: float | None = None) -> None:
+    """Inside a write transaction: append event ``kind`` to run ``rid``'s trail (``at``:
+    when it happened, default now)."""
     pfx = scope.run_prefix(rid)
     seq = next_seq(scope, txn, "events", pfx, rid)
     key = seq_key(scope.tenant_key, rid, seq)
-    rec = scope.sealer.seal(b"events", key, {"k": kind, "t": time.time(), "d": dict(data or {})})
+    rec = scope.sealer.seal(b"events", key, {"k": kind, "t": time.time() if at is None else at,
+                                              "d": dict(data or {})})
     txn.put(key, rec, db=scope.dbs["events"])
     put_head(scope, txn, "events", pfx, seq + 1)
 
 
+def append_deferred(scope: Scope, txn: Any,
+                    events: list[tuple[bytes, int, str, dict[str, Any], float]]) -> None:
+    """Inside a write transaction: the events added with ``deferred=True``, in order, each
+    only if its run is still at its writer's epoch (else it is void, as a fenced write)."""
+    epochs: dict[bytes, int | None] = {}
+    for rid, epoch, kind, data, at in events:
+        if rid not in epochs:
+            try:
+                epochs[rid] = load_run(scope, txn, rid)[0]["epoch"]
+            except Exception:  # noqa: BLE001 - the run is gone or damaged: nothing to add
+                epochs[rid] = None
+        if epochs[rid] == epoch:
+            append_event(scope, txn, rid, kind, data, at)
+
+
 def add_event(scope: Scope, run_id: str, kind: str, data: Mapping[str, Any] | None, *,
-              epoch: int | None) -> None:
+              epoch: int | None, deferred: bool = False) -> None:
     """See :meth:`tcc.store.LmdbStore.add_event`."""
     rid = scope.check_run_id(run_id)
+    if deferred:
+        if epoch is None:
+            raise ValueError("a deferred event needs its writer's epoch")
+        record = (rid, epoch, kind, json.loads(json.dumps(dict(data or {}))), time.time())
+        with scope.memo_lock:
+            scope.deferred.append(record)
+        return
 
     def op(txn: Any) -> None:
         if epoch is None:

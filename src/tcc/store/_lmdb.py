@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from ..errors import TccError
 from . import _events, _journal, _retention, _runs, _signals, _snapshots
 from ._api import Completion, Event, GcStats, JournalRecord, RunInfo, SnapshotInfo
 from ._chunks import Payload
@@ -109,6 +110,11 @@ class LmdbStore:
         """Release the store; the environment closes when its last user does."""
         scope = self._scope
         if not scope.closed:
+            if scope.deferred:  # events deferred to a commit that never came: one now
+                try:
+                    scope.write(lambda txn: None)
+                except TccError:
+                    pass  # (fenced ones are void anyway; a broken store loses them, as a crash)
             scope.closed = True
             if scope.inflight is not None:
                 scope.inflight.close()
@@ -324,14 +330,16 @@ class LmdbStore:
 
     # ----------------------------------------------------------------- events
     def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None, *,
-                  epoch: int | None = None) -> None:
+                  epoch: int | None = None, deferred: bool = False) -> None:
         """Append an audit event (``data`` must be JSON-able).
 
         With ``epoch`` (the run's owner writing), the event is fenced like every
         other write of the owner: after a takeover or a cancel it raises
-        FencedError and is not written.
+        FencedError and is not written.  ``deferred`` (with ``epoch``): see
+        :meth:`tcc.store.Store.add_event`; here the event is written first by this
+        handle's next write transaction, or by :meth:`close`.
         """
-        _events.add_event(self._scope, run_id, kind, data, epoch=epoch)
+        _events.add_event(self._scope, run_id, kind, data, epoch=epoch, deferred=deferred)
 
     def events(self, run_id: str) -> list[Event]:
         """The run's audit trail, oldest first; kept even after the run is deleted."""

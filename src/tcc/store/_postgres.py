@@ -1238,8 +1238,12 @@ class PgStore:
 
     # ----------------------------------------------------------------- events
     def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None, *,
-                  epoch: int | None = None) -> None:
+                  epoch: int | None = None, deferred: bool = False) -> None:
+        # ``deferred`` is written at once here: a commit is a round trip and a WAL flush,
+        # but the next one belongs to another connection of the pool
         rid = self._rid(run_id)
+        if deferred and epoch is None:
+            raise ValueError("a deferred event needs its writer's epoch")
         if not isinstance(kind, str) or not kind:
             raise UsageError(f"event kind must be a non-empty string, not {kind!r}")
         try:

@@ -70,6 +70,9 @@ class Scope:
         self.inflight = InflightLog(self.env.path) if durability == "sync" and not sync_intents else None
         if self.inflight is not None:
             sweep(self)  # the files of processes that are gone (each leaves one behind)
+        # events added with ``deferred=True``, written first by this handle's next write
+        # transaction: (run key, writer's epoch, kind, data, time)
+        self.deferred: list[tuple[bytes, int, str, dict[str, Any], float]] = []
 
     @property
     def path(self) -> str:
@@ -100,17 +103,38 @@ class Scope:
         if self.closed:
             raise StoreError(f"store {self.path} is closed")
         log = self.inflight
-        if log is None or not log.pending:
+        intents = log is not None and bool(log.pending)
+        if not intents and not self.deferred:
             return self.env.write(fn)
         folded: list[Any] = []
+        taken: list[tuple[bytes, int, str, dict[str, Any], float]] = []
 
         def op(txn: Any) -> T:
-            # the intents this handle wrote in flight go first, under this commit's fsync
-            folded[:] = log.fold(self, txn)
+            # the intents this handle wrote in flight go first, under this commit's fsync,
+            # then the events deferred to it, each still fenced by its writer's epoch.
+            # Taken under the write lock (a heartbeat's commit or a group batch must not
+            # write them twice); a transaction run again writes what it took again.
+            if intents:
+                assert log is not None
+                folded[:] = log.fold(self, txn)
+            with self.memo_lock:
+                taken.extend(self.deferred)
+                self.deferred.clear()
+            if taken:
+                from ._events import append_deferred
+
+                append_deferred(self, txn, taken)
             return fn(txn)
 
-        result = self.env.write(op)
-        log.committed(folded)
+        try:
+            result = self.env.write(op)
+        except BaseException:
+            if taken:  # not committed: they wait for the next one
+                with self.memo_lock:
+                    self.deferred[:0] = taken
+            raise
+        if log is not None:
+            log.committed(folded)
         return result
 
     def check_run_id(self, run_id: str, *, new: bool = False) -> bytes:

@@ -106,3 +106,9 @@ async def gather_retry_dies():
 
 async def flaky_once():
     return await flaky("h")
+
+
+async def write_then_flaky():
+    """A call, then a flaky one: a fork from the snapshot between them makes the second."""
+    a = await write("a")
+    return f"{a} {await flaky('h')}"
