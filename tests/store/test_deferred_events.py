@@ -101,7 +101,7 @@ def test_commits_on_many_threads_write_a_deferred_event_once(tmp_path: Path, dur
 
 KILLED = r"""
 import os, signal, sys
-from tcc.store import open_store
+from tcc.store import Completion, open_store
 store = open_store(sys.argv[1])
 run = store.create_run("agent.py:main", run_id="r")
 seq = store.append_intent("r", run.epoch, "step", b"0")
