@@ -300,6 +300,23 @@ def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -
 STEADY_TAIL = 100  # steps at the end of a run whose median step is reported
 
 
+def step_gaps(agent: Any, folder: pathlib.Path, n: int, regime: str, strategy: str) -> list[float]:
+    """Run the agent for ``n`` steps in-process in a new store at ``folder`` (removed after);
+    the intervals between its consecutive steps, in seconds."""
+    from tcc import runtime
+    from tcc.store import open_store
+
+    stamps: list[float] = []
+    agent.Harness.in_process_hook[:] = [lambda _i: stamps.append(time.perf_counter())]
+    try:
+        with open_store(folder) as st:
+            runtime.start(st, AGENT, [str(n), regime, "0"], strategy=strategy)
+    finally:
+        agent.Harness.in_process_hook.clear()
+        shutil.rmtree(folder, ignore_errors=True)
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
 def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
     """The cost of one step once a run is long: the median of the last steps' intervals.
 
@@ -308,7 +325,6 @@ def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[
     unchanged ``bytes`` of ``held_bytes`` kept all along) next to the same agent without
     it, at the smallest size.  Runs are in-process, repetitions interleaved."""
     from tcc import runtime
-    from tcc.store import open_store
 
     agent = runtime.load_script(AGENT)
     small = min(profile["steady_sizes"])
@@ -320,16 +336,7 @@ def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[
     for rep in range(profile["repeats"]):
         for case in cases:
             kind, n, strategy, regime = case
-            stamps: list[float] = []
-            agent.Harness.in_process_hook[:] = [lambda _i: stamps.append(time.perf_counter())]
-            folder = work / f"steady-{kind}-{n}-{strategy}-{regime}-{rep}"
-            try:
-                with open_store(folder) as st:
-                    runtime.start(st, AGENT, [str(n), regime, "0"], strategy=strategy)
-            finally:
-                agent.Harness.in_process_hook.clear()
-                shutil.rmtree(folder, ignore_errors=True)
-            gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+            gaps = step_gaps(agent, work / f"steady-{kind}-{n}-{strategy}-{regime}-{rep}", n, regime, strategy)
             samples[case].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
     rows = [{"kind": kind, "n": n, "strategy": strategy, "regime": regime, "step_s": samples[(kind, n, strategy, regime)]}
             for kind, n, strategy, regime in cases]
@@ -356,17 +363,9 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
     size) is reported next to it.  tcc's last-100-step median is reported too."""
     from benchmarks.peers import _agent
     from tcc import runtime
-    from tcc.store import open_store
 
     agent = runtime.load_script(AGENT)
-    peer_mods = []
-    for modname in ("dbos_peer", "langgraph_peer"):
-        try:
-            mod = __import__(f"benchmarks.peers.{modname}", fromlist=["measure"])
-        except ImportError:
-            continue
-        if mod.available():
-            peer_mods.append((modname.split("_")[0], mod))
+    peer_mods = installed_peers(lambda _msg: None)  # (peers() says why one is missing)
     if not peer_mods:  # tcc alone is the steady-state section's business
         log("step costs: no peer installed (pip install 'tcc[peers]'); skipped")
         return []
@@ -377,16 +376,7 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
         samples: dict[str, dict[str, list[float]]] = {s: {"mean": [], "tail": []} for s in systems}
         for rep in range(profile["repeats"]):
             for strategy in ("continuation", "replay"):
-                stamps: list[float] = []
-                agent.Harness.in_process_hook[:] = [lambda _i: stamps.append(time.perf_counter())]
-                folder = work / f"steps-{n}-{strategy}-{rep}"
-                try:
-                    with open_store(folder) as st:
-                        runtime.start(st, AGENT, [str(n), "grow", "0"], strategy=strategy)
-                finally:
-                    agent.Harness.in_process_hook.clear()
-                    shutil.rmtree(folder, ignore_errors=True)
-                gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+                gaps = step_gaps(agent, work / f"steps-{n}-{strategy}-{rep}", n, "grow", strategy)
                 samples[f"tcc {strategy}"]["mean"].append(statistics.fmean(gaps))
                 samples[f"tcc {strategy}"]["tail"].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
             for name, mod in peer_mods:
@@ -496,13 +486,9 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
 # ------------------------------------------------------------------- peers
 
 
-def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    try:
-        from benchmarks import peers as peer_pkg
-    except ImportError:
-        log("peers: benchmarks.peers is missing; skipped")
-        return rows
+def installed_peers(log: Any) -> list[tuple[str, Any]]:
+    """(name, module) of each peer harness whose peer is installed; ``log`` says why not."""
+    found = []
     for modname in ("dbos_peer", "langgraph_peer"):
         try:
             mod = __import__(f"benchmarks.peers.{modname}", fromlist=["measure"])
@@ -512,9 +498,21 @@ def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[st
         if not mod.available():
             log(f"peers: {modname}: peer not installed (pip install 'tcc[peers]'); skipped")
             continue
+        found.append((modname.split("_")[0], mod))
+    return found
+
+
+def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    try:
+        from benchmarks import peers as peer_pkg
+    except ImportError:
+        log("peers: benchmarks.peers is missing; skipped")
+        return rows
+    for name, mod in installed_peers(log):
         for n in profile["peer_sizes"]:
             for regime, work_ms in (("const", 0.0), ("const", WORK_MS)):
-                folder = work / f"{modname}-{n}-{work_ms}"
+                folder = work / f"{name}-{n}-{work_ms}"
                 folder.mkdir(parents=True, exist_ok=True)
                 row = mod.measure(n, regime=regime, work_ms=work_ms, repeats=profile["repeats"],
                                   workdir=folder, work_iters=work_iters() if work_ms else 0)

@@ -64,6 +64,13 @@ def _timed_out(effect: Effect, what: str) -> str:
     return f"effect {effect.name!r} timed out after {effect.timeout:g} s ({what})"
 
 
+def _stop_iteration(exc: StopIteration) -> RuntimeError:
+    """What an effect's StopIteration becomes, wherever the call ran: a future cannot carry
+    one (asyncio's rule), so a call in a thread could not return it, and an inline one
+    does the same."""
+    return RuntimeError(f"effect raised StopIteration: {exc}")
+
+
 def _in_thread(call: Callable[[], Any], name: str) -> asyncio.Future[Any]:
     """Run ``call`` in a new daemon thread; its outcome resolves the returned future.
 
@@ -84,8 +91,8 @@ def _in_thread(call: Callable[[], Any], name: str) -> asyncio.Future[Any]:
     def target() -> None:
         try:
             ok, value = True, call()
-        except StopIteration as exc:  # a future cannot carry StopIteration (asyncio's rule)
-            ok, value = False, RuntimeError(f"effect raised StopIteration: {exc}")
+        except StopIteration as exc:
+            ok, value = False, _stop_iteration(exc)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting driver
             ok, value = False, exc
         try:
@@ -235,8 +242,7 @@ class Attempts:
         effect: Effect, key: str, attempt: int,
     ) -> Any:
         assert self.loop is not None
-        if effect.timeout is None and not self._stuck.get(effect.name) \
-                and not asyncio.iscoroutinefunction(fn):
+        if effect.timeout is None and not asyncio.iscoroutinefunction(fn):
             return self._run_inline(fn, args, kwargs, effect, key, attempt)
         return self.loop.run_until_complete(self.invoke(effect, args, kwargs, key, attempt, fn))
 
@@ -247,14 +253,14 @@ class Attempts:
         """A sync call with no timeout, called right here, outside the event loop: what
         :meth:`invoke` does for it in a thread of its own (the same context, the same
         StopIteration rule), without starting a thread and waking the loop from it for
-        every call (~0.2 ms a step).  Nothing here can time out, so nothing can get stuck;
+        every call (~0.2 ms a step).  An effect without a timeout never has stuck threads;
         the loop is not running, so the call may run one of its own (``asyncio.run``).
         The calls of a ``tcc.gather`` still run in threads, side by side."""
         token = set_current(Current(self.run_id, effect.name, key, attempt))
         try:
             return contextvars.copy_context().run(fn, *args, **kwargs)
-        except StopIteration as exc:  # as in a thread: a future could not carry it either
-            raise RuntimeError(f"effect raised StopIteration: {exc}") from None
+        except StopIteration as exc:
+            raise _stop_iteration(exc) from None
         finally:
             reset_current(token)
 

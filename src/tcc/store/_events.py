@@ -19,7 +19,10 @@ from ._runrecord import fence, load_run
 if TYPE_CHECKING:
     from ._scope import Scope
 
-__all__ = ["add_event", "append_event", "events"]
+__all__ = ["Deferred", "add_event", "append_deferred", "append_event", "events"]
+
+# an event added with ``deferred=True``: (run key, writer's epoch, kind, data, time added)
+Deferred = tuple[bytes, int, str, dict[str, Any], float]
 
 
 def append_event(scope: Scope, txn: Any, rid: bytes, kind: str,
@@ -35,8 +38,7 @@ def append_event(scope: Scope, txn: Any, rid: bytes, kind: str,
     put_head(scope, txn, "events", pfx, seq + 1)
 
 
-def append_deferred(scope: Scope, txn: Any,
-                    events: list[tuple[bytes, int, str, dict[str, Any], float]]) -> None:
+def append_deferred(scope: Scope, txn: Any, events: list[Deferred]) -> None:
     """Inside a write transaction: the events added with ``deferred=True``, in order, each
     only if its run is still at its writer's epoch (else it is void, as a fenced write)."""
     epochs: dict[bytes, int | None] = {}
@@ -57,7 +59,7 @@ def add_event(scope: Scope, run_id: str, kind: str, data: Mapping[str, Any] | No
     if deferred:
         if epoch is None:
             raise ValueError("a deferred event needs its writer's epoch")
-        record = (rid, epoch, kind, json.loads(json.dumps(dict(data or {}))), time.time())
+        record: Deferred = (rid, epoch, kind, json.loads(json.dumps(dict(data or {}))), time.time())
         with scope.memo_lock:
             scope.deferred.append(record)
         return

@@ -19,6 +19,7 @@ from ._chunkrefs import HeldCache
 from ._codec import check_int, check_name, prefix
 from ._crypt import StoreKey, resolve_key
 from ._env import EnvHandle, acquire
+from ._events import Deferred, append_deferred
 from ._inflight import InflightLog, sweep
 
 if TYPE_CHECKING:
@@ -71,8 +72,8 @@ class Scope:
         if self.inflight is not None:
             sweep(self)  # the files of processes that are gone (each leaves one behind)
         # events added with ``deferred=True``, written first by this handle's next write
-        # transaction: (run key, writer's epoch, kind, data, time)
-        self.deferred: list[tuple[bytes, int, str, dict[str, Any], float]] = []
+        # transaction
+        self.deferred: list[Deferred] = []
 
     @property
     def path(self) -> str:
@@ -107,7 +108,7 @@ class Scope:
         if not intents and not self.deferred:
             return self.env.write(fn)
         folded: list[Any] = []
-        taken: list[tuple[bytes, int, str, dict[str, Any], float]] = []
+        taken: list[Deferred] = []
 
         def op(txn: Any) -> T:
             # the intents this handle wrote in flight go first, under this commit's fsync,
@@ -121,8 +122,6 @@ class Scope:
                 taken.extend(self.deferred)
                 self.deferred.clear()
             if taken:
-                from ._events import append_deferred
-
                 append_deferred(self, txn, taken)
             return fn(txn)
 
