@@ -402,7 +402,7 @@ def test_processes_opening_a_fresh_database_together_migrate_it_once(pg_dsn, sec
     assert not any(r["made"] for r in results)
     assert meta(pg_dsn) == {"schema_version": str(SCHEMA_VERSION), "key_check": meta(pg_dsn)["key_check"],
                             "key_id": key_id(key_of(key))}
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
 
     # six `tcc init`s of one new key file: one makes it, whole, and all use that key
     key = tmp_path / "k2" / "store.key"
@@ -411,6 +411,6 @@ def test_processes_opening_a_fresh_database_together_migrate_it_once(pg_dsn, sec
     assert all(r["ok"] for r in results), results
     assert sum(bool(r["made"]) for r in results) == 1, results
     assert (key.stat().st_mode & 0o777) == 0o600 and sorted(p.name for p in key.parent.iterdir()) == ["store.key"]
-    assert meta(second_dsn)["schema_version"] == "1" and meta(second_dsn)["key_id"] == key_id(key_of(key))
+    assert meta(second_dsn)["schema_version"] == str(SCHEMA_VERSION) and meta(second_dsn)["key_id"] == key_id(key_of(key))
     with open_store(second_dsn, key_file=str(key), create=False) as store:
         assert store.list_runs() == []

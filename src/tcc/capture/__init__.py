@@ -22,6 +22,8 @@ from ._frames import available as native_available
 from ._frames import code_of as code_of
 from ._frames import slot_names as slot_names
 from ._fingerprint import fingerprint as fingerprint
+from ._records import PINNED_PREFIX as PINNED_PREFIX
+from ._records import set_process_modules as set_process_modules
 from ._registry import register_reducer as register_reducer
 from ._segments import SegmentCache as SegmentCache
 
@@ -68,6 +70,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 __all__ = [
+    "PINNED_PREFIX",
     "UNBOUND",
     "AnyCode",
     "CellView",
@@ -90,6 +93,7 @@ __all__ = [
     "register_reducer",
     "safe_loads",
     "seal",
+    "set_process_modules",
     "slot_names",
     "stub_name",
     "unseal",

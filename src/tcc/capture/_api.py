@@ -161,16 +161,28 @@ class _Loader(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         return self._lists(pid)
 
+    def find_class(self, module: str, name: str) -> Any:
+        if not _records.resolving() and not module.startswith(_records.PINNED_PREFIX):
+            return super().find_class(module, name)
+        obj: Any = _records.import_module(module)  # pinned code: the resolver's module
+        for part in name.split("."):
+            obj = getattr(obj, part)  # AttributeError: said as "cannot be found here"
+        return obj
 
-def load_payload(payload: bytes, *, edit: Any = None) -> Any:
+
+def load_payload(payload: bytes, *, edit: Any = None, modules: Any = None) -> Any:
     """Unpickle a payload made by :func:`dump_payload` and resume its frames.
+
+    ``modules(name)``, if given, is the module that a module name in the snapshot
+    stands for (None: the module imported by that name); the runtime passes it to
+    load a run on its pinned code.
 
     ``edit(obj, records)``, if given, may change the frame records (a list of
     ``(generator, record)`` pairs) before they are validated and written;
     ``tcc fork --set`` uses it to change a local of a suspended frame.
     """
-    saved = (_records.LOAD.pending, _records.LOAD.fresh)
-    _records.LOAD.pending, _records.LOAD.fresh = [], []
+    saved = (_records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules)
+    _records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules = [], [], modules
     try:
         try:
             if _framed.is_framed(payload):
@@ -197,7 +209,7 @@ def load_payload(payload: bytes, *, edit: Any = None) -> Any:
     else:
         _discard_fresh(_records.LOAD.pending)
     finally:
-        _records.LOAD.pending, _records.LOAD.fresh = saved
+        _records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules = saved
     return obj
 
 

@@ -50,9 +50,50 @@ class _LoadContext(threading.local):
     def __init__(self) -> None:
         self.pending: list[tuple[Any, tuple[Any, ...]]] | None = None
         self.fresh: list[Any] = []
+        # the module a snapshot's module name stands for in this load, or None for the
+        # one imported by that name (``load_payload(modules=...)``: pinned code)
+        self.modules: Callable[[str], types.ModuleType | None] | None = None
 
 
 LOAD = _LoadContext()
+
+#: Module names of pinned code (``tcc resume --code pinned``) start with this: the
+#: recorded source of a run's module, loaded under its own name next to the current one.
+PINNED_PREFIX = "__tcc_pinned_"
+
+
+#: The resolver of loads that name none (:func:`set_process_modules`).
+PROCESS_MODULES: list[Callable[[str], types.ModuleType | None]] = []
+
+
+def set_process_modules(resolve: Callable[[str], types.ModuleType | None] | None) -> None:
+    """Make ``resolve`` the module resolver of every load in this process that passes
+    none (journal values, fork edits): a process resuming a run on its pinned code
+    must read all of that run's values the same way (None: stop)."""
+    PROCESS_MODULES[:] = [resolve] if resolve is not None else []
+
+
+def resolving() -> bool:
+    """Whether loads now go through a module resolver."""
+    return LOAD.modules is not None or bool(PROCESS_MODULES)
+
+
+def import_module(name: str) -> types.ModuleType:
+    """The module a snapshot names: what this load's ``modules`` resolver (or the
+    process's) gives for it (pinned code), else the module imported by that name."""
+    resolve = LOAD.modules or (PROCESS_MODULES[0] if PROCESS_MODULES else None)
+    if resolve is not None:
+        module = resolve(name)
+        if module is not None:
+            return module
+    if name.startswith(PINNED_PREFIX):
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            return loaded
+        raise errors.IncompatibleSnapshotError(
+            f"snapshot refers to module {name}, which is the recorded (pinned) code of a run: "
+            "only the tcc runtime resuming that run can load it (`tcc resume RUN_ID`)")
+    return importlib.import_module(name)
 
 
 def _where(code: types.CodeType) -> str:
@@ -136,7 +177,7 @@ def function_behind_wrappers(
         and all(step in UNWRAP_STEPS for step in steps)
     ):
         raise errors.CorruptSnapshotError("malformed reference to a decorated function")
-    module = importlib.import_module(module_name)
+    module = import_module(module_name)
     obj: Any = module
     for part in qualname.split("."):
         try:
@@ -188,7 +229,7 @@ def module_function(
         raise errors.CorruptSnapshotError(f"malformed closure for {code.co_qualname}()")
     if closure is None and code.co_freevars:
         raise errors.CorruptSnapshotError(f"missing closure for {code.co_qualname}()")
-    module = importlib.import_module(module_name)
+    module = import_module(module_name)
     return types.FunctionType(code, module.__dict__, None, None, closure)
 
 

@@ -144,6 +144,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
                         help="ownership lease, renewed while the run is alive (default: 30)")
     resume.add_argument("--steal", action="store_true", help="take the run even if its owner's lease is live")
+    resume.add_argument("--code", choices=("current", "pinned"), default="current",
+                        help="current (default): the code as it is now, refused where a suspended "
+                        "frame's code changed; pinned: the code the run recorded, if the files "
+                        "changed since (README, \"Changing code under running agents\")")
     resume.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="at a tcc.wait_for/approval, wait this long in-process before parking")
     resume.add_argument("run_id", metavar="RUN_ID")
@@ -308,7 +312,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         outcome = runtime.resume(
             store, args.run_id, strategy=args.strategy, checkpoint_every=args.checkpoint_every,
             lease=args.lease, steal=args.steal, progress=_render.progress_printer(),
-            wait_seconds=args.wait,
+            wait_seconds=args.wait, code=args.code,
         )
         return _render.outcome(outcome, as_json=args.json)
 

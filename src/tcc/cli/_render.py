@@ -10,6 +10,7 @@ window title or reorder the text a reader sees.  JSON output is escaped by
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from typing import Any, Callable
@@ -224,5 +225,22 @@ def run_detail(store: Any, run_id: str, *, as_json: bool, calls: int | None = -1
             print(_call_line(call))
     print("  events")
     for e in events:
-        extra = " ".join(f"{k}={v}" for k, v in dict(e.data).items())
+        extra = _code_event(e.data) if e.kind == "code" else \
+            " ".join(f"{k}={v}" for k, v in dict(e.data).items())
         say(f"    {_when(e.time)}  {e.kind:<20} {extra}", newlines=False)
+
+
+def _code_event(data: Any) -> str:
+    """A ``code`` event in one line: each module by its file (and whether it is pinned) and
+    the first 8 digits of its digest; files changed under the run, as stale."""
+    modules = data.get("modules") if isinstance(data, dict) else None
+    parts = []
+    for name, entry in (modules.items() if isinstance(modules, dict) else ()):
+        if isinstance(entry, dict):
+            file = os.path.basename(str(entry.get("file", name)))
+            pinned = " (pinned)" if str(name).startswith("__tcc_pinned_") else ""
+            parts.append(f"{file}{pinned} {str(entry.get('sha256', ''))[:8]}")
+    stale = data.get("stale") if isinstance(data, dict) else None
+    if isinstance(stale, dict) and stale:
+        parts.append("stale: " + ", ".join(os.path.basename(str(f)) for f in stale.values()))
+    return ", ".join(parts)

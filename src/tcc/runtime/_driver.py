@@ -54,6 +54,7 @@ from ._journal import LoggedCall, Replay
 from ._lease import Lease
 from ._outcome import encode_error, encode_result, encode_verify_failure
 from ._parking import STOP, Parked
+from ._pinning import CodeRecorder
 from ._state import Resumption, RunState, pack_state
 from ._trace import Tracer
 
@@ -98,6 +99,7 @@ class Driver:
         verify: Callable[[Any], Any] | None = None,
         spawner: Callable[[str, str, tuple[Any, ...]], Resumption] | None = None,
         modules: ModuleState | None = None,
+        code: CodeRecorder | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be >= 1")
@@ -119,6 +121,7 @@ class Driver:
         self.verify = verify
         self.spawner = spawner
         self.modules = modules
+        self.code = code  # records the project's module sources with each snapshot
         self.tracer = Tracer(store, run_id)
         self.effects = 0
         self.checkpoints = 0
@@ -336,6 +339,8 @@ class Driver:
             message = f"checkpoint failed, the previous snapshot is kept: {why or exc}"
             self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(errors.CaptureError(message)))
             raise errors.RunFailedError(message) from exc
+        if self.code is not None:
+            self.code.record()  # its manifest event rides with this checkpoint
         size = len(payload) if isinstance(payload, bytes) else sum(memoryview(p).nbytes for p in payload)
         with self.tracer.span("tcc.checkpoint", {"tcc.bytes": size}) as span:
             t0 = time.perf_counter()

@@ -35,6 +35,7 @@ import functools
 import os
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 from .. import errors
@@ -77,8 +78,11 @@ def _in_site_packages(path: str) -> bool:
 class ModuleState:
     """The agent's modules and what their import bound, for one process."""
 
-    def __init__(self, script_module: types.ModuleType) -> None:
+    def __init__(self, script_module: types.ModuleType, *,
+                 resolve: Callable[[str], types.ModuleType | None] | None = None) -> None:
         self.script = script_module
+        # the module a snapshot's module name stands for (pinned code), None: sys.modules
+        self.resolve = resolve
         file = getattr(script_module, "__file__", None) or ""
         self.folder = os.path.dirname(os.path.realpath(file)) if file else ""
         # module name -> {global name: the object bound when tcc first saw the module,
@@ -239,7 +243,9 @@ class ModuleState:
         if not isinstance(state, dict):
             raise errors.CorruptSnapshotError("the snapshot's module state is not a mapping")
         for modname, data in state.items():
-            module = sys.modules.get(modname)
+            module = self.resolve(modname) if self.resolve is not None else None
+            if module is None:
+                module = sys.modules.get(modname)
             if module is None:
                 try:
                     module = __import__(modname)

@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from .. import errors
-from ..capture import load_payload, native_available, unseal
+from ..capture import load_payload, native_available, set_process_modules, unseal
 from ..store import (FINAL_STATUSES, FINISHED_STATUSES, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
                      Store)
 from . import _scripts
@@ -20,6 +20,7 @@ from ._journal import LoggedCall, answered_request, logged_calls
 from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
 from ._outcome import decode_child
 from ._parking import Parked
+from ._pinning import CODE_MODES, CodeRecorder, Manifest, PinnedCode, manifest_of, project_root
 from ._state import Resumption, unpack_state
 
 STRATEGIES = ("continuation", "replay", "hybrid")
@@ -109,9 +110,9 @@ def effective_strategy(strategy: str) -> tuple[str, str | None]:
     return strategy, None
 
 
-def _verify_func(entry: str, verify: str | None) -> Any:
+def _verify_func(entry: str, verify: str | None, pinned: PinnedCode | None = None) -> Any:
     """The run's verify check: ``--verify FUNC``, else the script's ``verify`` if any."""
-    module = _scripts.entry_module(entry)
+    module = pinned.entry_module(entry) if pinned is not None else _scripts.entry_module(entry)
     if verify:
         func = getattr(module, verify, None)
         if not callable(func):
@@ -122,14 +123,54 @@ def _verify_func(entry: str, verify: str | None) -> Any:
     return func if callable(func) else None
 
 
-def _history(store: Store, run_id: str, epoch: int) -> tuple[str | None, bool, set[tuple[str, int]]]:
+def _entry_function(entry: str, pinned: PinnedCode) -> Any:
+    """The run's entry function, from its pinned module if the run's code is pinned."""
+    module = pinned.entry_module(entry)
+    func_name = entry.rpartition(":")[2] if _scripts.is_module_entry(entry) else _scripts.split_entry(entry)[1]
+    func = getattr(module, func_name, None)
+    if func is None or not callable(func):
+        raise errors.UsageError(f"{_scripts.describe_entry(entry)} has no function {func_name!r}")
+    return func
+
+
+def _check_pinnable(run: RunInfo, strategy: str, pinned: PinnedCode) -> None:
+    """``--code pinned`` needs a snapshot strategy and recorded code."""
+    if strategy == "replay":
+        raise errors.UsageError(
+            f"run {run.run_id}: --code pinned continues a run from its snapshot on the code it "
+            "recorded; the replay strategy re-executes the current code from the start")
+    if not pinned.manifest:
+        raise errors.UsageError(
+            f"run {run.run_id} has no recorded code: it took no snapshot yet, or a tcc older "
+            "than pinned code took them (resume it on the current code, or with --strategy replay)")
+
+
+def _restore_hint(run_id: str, exc: Exception, code: str, manifest: Manifest) -> str:
+    """What to do about a snapshot that cannot be restored (a code change, mostly)."""
+    replay = f"{REPLAY_HINT} `tcc resume --strategy replay {run_id}`"
+    if not isinstance(exc, errors.CodeChangedError):
+        return replay
+    if code == "pinned":
+        roots = sorted({os.path.dirname(e["file"]) for e in manifest.values()})
+        return ("the pinned code holds the modules of the project only (" + ", ".join(roots)
+                + "); the changed function lives outside it, in a library or another folder, "
+                "which tcc never pins: install the version the run started with; " + replay)
+    if manifest:
+        return (f"`tcc resume --code pinned {run_id}` continues the run on the code it "
+                f"recorded; {replay}")
+    return replay
+
+
+def _history(store: Store, run_id: str, epoch: int
+             ) -> tuple[str | None, bool, set[tuple[str, int]], Manifest]:
     """From the run's events: its ``--verify`` function name; whether a process has
     executed it before the claim that gave this process ``epoch`` (``started``, or an
     earlier claim: a fork that was never resumed has neither; the ``resumed`` event of
-    a claim is written with the claimant's first step and can be lost with it); and the
-    attempts ``tcc retry`` issued, as (call key, attempt)."""
+    a claim is written with the claimant's first step and can be lost with it); the
+    attempts ``tcc retry`` issued, as (call key, attempt); and its code manifest."""
     name, executed, retried = None, False, set()
-    for event in store.events(run_id):
+    events = store.events(run_id)
+    for event in events:
         data = dict(event.data)
         if event.kind == "started":
             name = data.get("verify")
@@ -139,14 +180,17 @@ def _history(store: Store, run_id: str, epoch: int) -> tuple[str | None, bool, s
         claimed = event.kind in ("taken_over", "reclaimed") and isinstance(data.get("new_epoch"), int) \
             and data["new_epoch"] < epoch
         executed = executed or claimed or event.kind in ("started", "resumed")
-    return name, executed, retried
+    return name, executed, retried, manifest_of(events)
 
 
 def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every: int, lease: float,
                  progress: Progress | None, wait_seconds: float, verify: Any,
-                 modules: ModuleState | None = None) -> Driver:
+                 modules: ModuleState | None = None, manifest: Manifest | None = None) -> Driver:
     if modules is None and strategy != "replay":
         modules = ModuleState(_scripts.entry_module(run.entry))
+    code = None
+    if strategy != "replay":  # the code a snapshot needs, recorded with it (--code pinned)
+        code = CodeRecorder(store, run.run_id, run.epoch, project_root(run.entry), manifest or {})
 
     def spawner(child_id: str, func: str, args: tuple[Any, ...]) -> tuple[str, Any]:
         try:
@@ -175,7 +219,7 @@ def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every:
     return Driver(
         store, run.run_id, run.epoch, snapshots=strategy != "replay",
         checkpoint_every=checkpoint_every, lease=lease, progress=progress, wait_seconds=wait_seconds,
-        verify=verify, spawner=spawner, modules=modules,
+        verify=verify, spawner=spawner, modules=modules, code=code,
     )
 
 
@@ -389,13 +433,18 @@ def resume(
     progress: Progress | None = None,
     wait_seconds: float = 0.0,
     retry_failed: bool = False,
+    code: str = "current",
 ) -> Outcome:
     """Continue an unfinished run with its strategy (or ``strategy``).
 
     continuation/hybrid: from the newest good snapshot, serving the journal
     after it; replay: from the start, serving the whole journal.
-    ``retry_failed``: see :func:`retry`.
+    ``retry_failed``: see :func:`retry`.  ``code``: ``current`` (the code as it is
+    now; a suspended frame whose code changed is refused) or ``pinned`` (the code the
+    run recorded, if the files differ from it; see :mod:`tcc.runtime._pinning`).
     """
+    if code not in CODE_MODES:
+        raise errors.UsageError(f"unknown code mode {code!r}; choose one of {', '.join(CODE_MODES)}")
     run = store.get_run(run_id)
     if retry_failed and run.status != "failed":
         raise errors.UsageError(f"run {run_id} is {run.status}, not failed; there is nothing to retry"
@@ -407,9 +456,11 @@ def resume(
     if checkpoint_every is None:
         checkpoint_every = stored_every
     strategy, _notice = effective_strategy(strategy or run.strategy)
-    func = _scripts.resolve(run.entry)
-    if is_sync(func):
-        strategy = "replay"
+    pinned = PinnedCode(store, run_id, None, pin=code == "pinned")
+    if code == "pinned":  # its usage errors before the claim
+        _check_pinnable(run, strategy, pinned)
+        if is_sync(_entry_function(run.entry, pinned)):
+            strategy = "replay"
     # Only a run that was executing when its owner went away can have lost the intent of
     # a call in flight; a parked or failed run recorded its status after its last call,
     # and a fork that was never resumed has issued nothing of its own.
@@ -425,19 +476,27 @@ def resume(
                 f"run {run_id} is already {status}; there is nothing to resume") from None
         raise
 
-    verify_name, executed, retried = _history(store, run_id, run.epoch)  # (before this claim)
+    verify_name, executed, retried, manifest = _history(store, run_id, run.epoch)  # (before this claim)
     crashed = crashed and executed
+    pinned.use(manifest)
+    if pinned.active:  # the journal's values name the run's modules too
+        set_process_modules(pinned.resolve)
+    func = _entry_function(run.entry, pinned)  # the pinned one if the run continues on pinned code
+    if is_sync(func):
+        strategy = "replay"
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     # What the fresh import bound, before a snapshot's module-level data overwrites it.
-    modules = ModuleState(_scripts.entry_module(run.entry)) if strategy != "replay" else None
+    modules = ModuleState(pinned.entry_module(run.entry), resolve=pinned.resolve) \
+        if strategy != "replay" else None
     if snapshot is not None:
         info, payload = snapshot
         try:
-            stored = load_payload(unseal(payload, authenticated=True))  # the store verified it
+            stored = load_payload(unseal(payload, authenticated=True),  # the store verified it
+                                  modules=pinned.resolve)
         except errors.RestoreError as exc:
             raise type(exc)(
-                f"run {run_id}: snapshot {info.number} cannot be restored: {exc} ({REPLAY_HINT} "
-                f"`tcc resume --strategy replay {run_id}`)"
+                f"run {run_id}: snapshot {info.number} cannot be restored: {exc} "
+                f"({_restore_hint(run_id, exc, code, manifest)})"
             ) from exc
         state = unpack_state(stored, run_id, info.number)
         coro, resumption, calls, waits = state.coro, state.resumption, state.calls, state.waits
@@ -463,9 +522,9 @@ def resume(
             retried if not store.intents_durable else set())
     if run.status != "running":  # only once the state loaded: a refusal changes nothing
         run = store.set_status(run_id, run.epoch, "running", error=b"")  # a retried failure
-    check = _verify_func(run.entry, verify_name) if verify_name else None
+    check = _verify_func(run.entry, verify_name, pinned) if verify_name else None
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
-                          modules=modules)
+                          modules=modules, manifest=manifest)
     return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed,
                         retried=retried)

@@ -460,6 +460,18 @@ class Store(Protocol):
         """The run's audit trail, oldest first; kept after :meth:`delete_run`."""
         ...
 
+    # code ------------------------------------------------------------------
+    def put_code(self, sources: Mapping[str, bytes]) -> None:
+        """Store module sources, ``{SHA-256 hex digest: source bytes}``, for ``tcc resume
+        --code pinned``.  Content-addressed: a source already stored (by any run of this
+        tenant) is not written again.  UsageError if a source does not hash to its key."""
+        ...
+
+    def get_code(self, digest: str) -> bytes:
+        """The source stored under ``digest``, checked against it; StoreError if this
+        store holds none."""
+        ...
+
     # housekeeping ----------------------------------------------------------
     def gc(self) -> GcStats:
         """Apply retention to every run of this tenant and delete stored payload data

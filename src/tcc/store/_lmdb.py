@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from ..errors import TccError
-from . import _events, _journal, _retention, _runs, _signals, _snapshots
+from . import _code, _events, _journal, _retention, _runs, _signals, _snapshots
 from ._api import Completion, Event, GcStats, JournalRecord, RunInfo, SnapshotInfo
 from ._chunks import Payload
 from ._crypt import StoreKey
@@ -344,6 +344,16 @@ class LmdbStore:
     def events(self, run_id: str) -> list[Event]:
         """The run's audit trail, oldest first; kept even after the run is deleted."""
         return _events.events(self._scope, run_id)
+
+    # ------------------------------------------------------------------- code
+    def put_code(self, sources: Mapping[str, bytes]) -> None:
+        """Store module sources, ``{sha256 hex: source}``; one already stored is not
+        written again (no transaction at all if every one is)."""
+        _code.put_code(self._scope, sources)
+
+    def get_code(self, digest: str) -> bytes:
+        """The source stored under ``digest`` (checked against it); StoreError if none."""
+        return _code.get_code(self._scope, digest)
 
     # ----------------------------------------------------------- housekeeping
     def gc(self) -> GcStats:

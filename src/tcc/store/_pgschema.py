@@ -239,6 +239,17 @@ BEGIN
 END $$;
 """
 
+# Version 2: module sources for ``tcc resume --code pinned`` (``Store.put_code``), one
+# row per tenant and SHA-256 digest; never deleted by gc (small, shared by every run).
+_V2 = """
+CREATE TABLE tcc.code (
+    tenant text NOT NULL,
+    digest bytea NOT NULL,
+    record bytea NOT NULL,
+    PRIMARY KEY (tenant, digest)
+);
+"""
+
 #: MIGRATIONS[n - 1] takes a database from schema version n - 1 to n.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -89,6 +89,7 @@ from ._chunks import (
     payload_size,
     split,
 )
+from . import _code
 from ._codec import Corrupt, Sealer, as_bytes, check_int, check_name, seq_key
 from ._crypt import Crypt, StoreKey, key_id
 from ._pgschema import CHUNK_LOCK, MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION
@@ -1289,6 +1290,38 @@ class PgStore:
         return out
 
     # ----------------------------------------------------------- housekeeping
+
+    # ------------------------------------------------------------------- code
+    def _code_key(self, digest: str) -> bytes:
+        return b"code\x00" + self.tenant_key + b"\x00" + bytes.fromhex(digest)
+
+    def put_code(self, sources: Mapping[str, bytes]) -> None:
+        checked = _code.check_sources(sources)
+        if not checked:
+            return
+        rows = [(self.tenant, bytes.fromhex(d),
+                 self.sealer.seal(b"code", self._code_key(d), {"n": len(src)}, {"src": src}))
+                for d, src in checked.items()]
+
+        def op(conn: Any) -> None:
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO tcc.code (tenant, digest, record) VALUES (%s, %s, %s) "
+                                "ON CONFLICT DO NOTHING", rows)
+
+        self._tx(op, "storing module sources")
+
+    def get_code(self, digest: str) -> bytes:
+        _code.check_digest(digest)
+        row = self._read(lambda conn: conn.execute(
+            "SELECT record FROM tcc.code WHERE tenant = %s AND digest = %s",
+            (self.tenant, bytes.fromhex(digest))).fetchone())
+        if row is None:
+            raise StoreError(f"store {self.path} holds no source with digest {digest[:12]}…")
+        try:
+            _, blobs = self.sealer.open(b"code", self._code_key(digest), row[0])
+        except Corrupt as exc:
+            raise self._corrupt(f"the source {digest[:12]}…", exc) from None
+        return _code.verify_source(digest, blobs.get("src", b""), f"store {self.path}")
     def _size(self, conn: Any) -> int:
         return int(conn.execute(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c JOIN "

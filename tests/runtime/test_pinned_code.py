@@ -1,0 +1,223 @@
+"""Pinned code (issue 22, part 1): a run records the source of its own modules, and
+`tcc resume --code pinned` continues it on that source after the files changed or were
+deleted.  Every test kills a real run with SIGKILL, edits its files, and resumes it in a
+new process; the expected result is the one an uninterrupted run of the *original* code
+gives, computed by running that code to the end in a store of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+
+import pytest
+from tcc.store import open_store
+from tests._support.pgstores import make_pg_store
+from tests._support.runs import Cli
+
+AGENT = '''\
+import tcc
+import helpers
+
+COUNT = 0
+
+
+@tcc.effect
+def step(i):
+    return i
+
+
+async def main(n):
+    global COUNT
+    out = []
+    for i in range(int(n)):
+        v = await step(i)
+        COUNT += 1
+        out.append(helpers.shape(v) + COUNT)
+    return out
+'''
+
+HELPERS = '''\
+def shape(v):
+    return v * 10
+'''
+
+
+def _project(tmp: pathlib.Path) -> pathlib.Path:
+    folder = tmp / "project"
+    folder.mkdir(parents=True)
+    (folder / "agent.py").write_text(AGENT)
+    (folder / "helpers.py").write_text(HELPERS)
+    return folder / "agent.py"
+
+
+def _result(proc) -> object:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["result"]
+
+
+def _uninterrupted(tmp: pathlib.Path, *args: str) -> object:
+    """What the original code gives when nothing interrupts it (a store of its own)."""
+    script = _project(tmp / "reference")
+    return _result(Cli(tmp / "reference").run("run", "--json", str(script), *args))
+
+
+def _killed(cli: Cli, run_id: str, *args: str, after: int, command: str = "run") -> None:
+    """``tcc run`` (or ``resume``) SIGKILLed right after its ``after``-th step."""
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER=str(after))
+    proc = killer.run(command, *(("--run-id", run_id) if command == "run" else ()), *args)
+    assert proc.returncode == -9, (proc.returncode, proc.stderr)
+    assert cli.show(run_id)["status"] == "running"
+
+
+def _edit(script: pathlib.Path) -> None:
+    """A bug fix after the await in the script, and a changed helper next to it."""
+    script.write_text(script.read_text().replace("COUNT += 1", "COUNT += 2"))
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+
+
+def _code_events(cli: Cli, run_id: str) -> list[dict]:
+    return [e["data"] for e in cli.show(run_id)["events"] if e["kind"] == "code"]
+
+
+def test_a_run_records_its_modules_and_resumes_on_them_after_an_edit(tmp_path):
+    expected = _uninterrupted(tmp_path, "5")
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "r", str(script), "5", after=2)
+    recorded = _code_events(cli, "r")[0]["modules"]
+    assert set(recorded) == {"__tcc_script_agent", "helpers"}, recorded
+    assert recorded["helpers"]["sha256"] == hashlib.sha256(HELPERS.encode()).hexdigest()
+
+    _edit(script)
+    refused = cli.run("resume", "r")
+    assert refused.returncode == 1
+    assert "main() (" in refused.stderr and "has changed since the snapshot was taken" in refused.stderr
+    assert "`tcc resume --code pinned r` continues the run on the code it recorded" in refused.stderr
+    assert cli.show("r")["status"] == "running"  # the refusal changed nothing
+
+    assert _result(cli.run("resume", "--json", "--code", "pinned", "r")) == expected
+    # the edited files were left alone, and a new run uses them
+    assert "COUNT += 2" in script.read_text()
+    fresh = _result(cli.run("run", "--json", str(script), "2"))
+    assert fresh == [0 + 2, 100 + 4]
+
+
+def test_pinned_resume_after_the_script_and_its_helper_were_deleted(tmp_path):
+    expected = _uninterrupted(tmp_path, "4")
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "gone", str(script), "4", after=1)
+    script.unlink()
+    script.with_name("helpers.py").unlink()
+    proc = cli.run("resume", "gone")
+    assert proc.returncode != 0 and "does not exist" in proc.stderr, proc.stderr
+    assert _result(cli.run("resume", "--json", "--code", "pinned", "gone")) == expected
+
+
+def test_a_run_on_pinned_code_killed_again_stays_on_it(tmp_path):
+    """Its snapshots name the pinned modules: a plain `tcc resume` continues on them."""
+    expected = _uninterrupted(tmp_path, "6")
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "again", str(script), "6", after=2)
+    _edit(script)
+    _killed(cli, "again", "--code", "pinned", "again", after=2, command="resume")
+    assert _result(cli.run("resume", "--json", "again")) == expected
+    pinned = _code_events(cli, "again")[-1]["modules"]
+    assert {e["from"] for e in pinned.values()} == {"__tcc_script_agent", "helpers"}, pinned
+    assert all(name.startswith("__tcc_pinned_") for name in pinned)
+
+
+def test_unchanged_code_resumes_as_usual_with_code_pinned(tmp_path):
+    expected = _uninterrupted(tmp_path, "3")
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "same", str(script), "3", after=1)
+    assert _result(cli.run("resume", "--json", "--code", "pinned", "same")) == expected
+    assert not any(n.startswith("__tcc_pinned_") for e in _code_events(cli, "same")
+                   for n in e["modules"])
+
+
+def test_sources_are_stored_once_per_content_across_runs(tmp_path):
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    for run_id in ("one", "two"):
+        assert _result(cli.run("run", "--json", "--run-id", run_id, str(script), "2")) == [1, 12]
+    one, two = (_code_events(cli, r)[0]["modules"] for r in ("one", "two"))
+    assert one == two
+    with open_store(str(cli.store), create=False) as store:
+        for entry in one.values():
+            source = store.get_code(entry["sha256"])
+            assert source == pathlib.Path(entry["file"]).read_bytes()
+        keys = store._scope.read(lambda txn: [bytes(k) for k, _ in txn.cursor(db=store._scope.dbs["meta"])
+                                               if bytes(k).startswith(b"code\x00")])
+    assert len(keys) == 2  # two modules, each stored once for both runs
+
+
+def test_code_stores_refuse_bad_digests_and_say_what_is_missing(tmp_path):
+    with open_store(str(tmp_path / "s"), create=True) as store:
+        src = b"x = 1\n"
+        digest = hashlib.sha256(src).hexdigest()
+        with pytest.raises(Exception, match="does not hash to it"):
+            store.put_code({digest: b"x = 2\n"})
+        with pytest.raises(Exception, match="64 lowercase hex digits"):
+            store.put_code({"abc": src})
+        with pytest.raises(Exception, match="holds no source with digest"):
+            store.get_code(digest)
+        store.put_code({digest: src})
+        store.put_code({digest: src})  # again: nothing more to write
+        assert store.get_code(digest) == src
+
+
+def test_a_library_outside_the_project_is_never_pinned_and_its_change_is_refused(tmp_path):
+    """A frame of a module under site-packages: not recorded; changed, it is named and refused."""
+    lib = tmp_path / "venv" / "lib" / "site-packages"
+    lib.mkdir(parents=True)
+    (lib / "mylib.py").write_text(
+        "async def twice(call, i):\n    a = await call(i)\n    return a * 2\n")
+    folder = tmp_path / "project"
+    folder.mkdir()
+    script = folder / "agent.py"
+    script.write_text(
+        "import tcc\nimport mylib\n\n\n@tcc.effect\ndef step(i):\n    return i\n\n\n"
+        "async def main():\n    return [await mylib.twice(step, i) for i in range(4)]\n")
+    cli = Cli(tmp_path, PYTHONPATH=str(lib))
+    _killed(cli, "lib", str(script), after=2)
+    assert set(_code_events(cli, "lib")[0]["modules"]) == {"__tcc_script_agent"}
+    (lib / "mylib.py").write_text(
+        "async def twice(call, i):\n    a = await call(i + 0)\n    return a * 3\n")
+    script.write_text(script.read_text() + "\n# edited\nX = 1\n")
+    proc = cli.run("resume", "--code", "pinned", "lib")
+    assert proc.returncode == 1
+    assert "twice() (" in proc.stderr and "which tcc never pins" in proc.stderr, proc.stderr
+
+
+def test_a_module_edited_while_the_run_executes_is_recorded_as_stale(tmp_path):
+    """What is on disk is not what runs: it is not recorded as the run's code."""
+    cli = Cli(tmp_path)
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "helpers.py").write_text(HELPERS)
+    script = folder / "agent.py"
+    script.write_text(
+        "import pathlib\nimport tcc\nimport helpers\n\n\n@tcc.effect\ndef edit():\n"
+        "    p = pathlib.Path(helpers.__file__)\n    p.write_text(p.read_text().replace('10', '20'))\n\n\n"
+        "async def main():\n    await edit()\n    return helpers.shape(1)\n")
+    assert _result(cli.run("run", "--json", "--run-id", "st", str(script))) == 10
+    (event,) = _code_events(cli, "st")
+    assert set(event["modules"]) == {"__tcc_script_agent"} and set(event["stale"]) == {"helpers"}
+
+
+def test_pinned_resume_on_postgresql(pg_dsn, tmp_path):
+    expected = _uninterrupted(tmp_path, "4")
+    pg = make_pg_store(pg_dsn, tmp_path / "keys")
+    cli = Cli(tmp_path, store_url=pg.url, key_file=pg.key_file)
+    script = _project(tmp_path)
+    _killed(cli, "pg", str(script), "4", after=2)
+    _edit(script)
+    assert cli.run("resume", "pg").returncode == 1
+    assert _result(cli.run("resume", "--json", "--code", "pinned", "pg")) == expected
