@@ -221,3 +221,28 @@ def test_pinned_resume_on_postgresql(pg_dsn, tmp_path):
     _edit(script)
     assert cli.run("resume", "pg").returncode == 1
     assert _result(cli.run("resume", "--json", "--code", "pinned", "pg")) == expected
+
+
+def test_a_dataclass_in_the_state_that_gains_a_field_resumes_on_its_pinned_class(tmp_path):
+    """The edit adds `priority` and reads it after the await: the current code would fail
+    with AttributeError on the restored instance; the pinned code is the code it was made by."""
+    source = (
+        "import dataclasses\nimport tcc\n\n\n@dataclasses.dataclass\nclass State:\n    n: int\n\n\n"
+        "@tcc.effect\ndef step(i):\n    return i\n\n\n"
+        "async def main():\n    state = State(0)\n    for i in range(4):\n"
+        "        state.n += await step(i)\n    return state.n\n")
+    expected = _result(Cli(tmp_path / "ref").run("run", "--json", str(_write(tmp_path / "ref", source))))
+    cli = Cli(tmp_path)
+    script = _write(tmp_path, source)
+    _killed(cli, "dc", str(script), after=2)
+    script.write_text(source.replace("    n: int\n", "    n: int\n    priority: int = 0\n").replace(
+        "        state.n += await step(i)\n", "        state.n += await step(i) + state.priority\n"))
+    assert cli.run("resume", "dc").returncode == 1
+    assert _result(cli.run("resume", "--json", "--code", "pinned", "dc")) == expected == 6
+
+
+def _write(folder: pathlib.Path, source: str) -> pathlib.Path:
+    (folder / "project").mkdir(parents=True)
+    script = folder / "project" / "agent.py"
+    script.write_text(source)
+    return script

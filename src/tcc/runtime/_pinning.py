@@ -134,15 +134,23 @@ def _code_objects(code: types.CodeType, out: dict[str, set[bytes]]) -> None:
             _code_objects(const, out)
 
 
-def _loaded_functions(module: types.ModuleType) -> list[types.FunctionType]:
+def _loaded_functions(module: types.ModuleType, file: str) -> list[types.FunctionType]:
+    """The functions and methods ``module`` holds that were compiled from ``file`` (not
+    those a decorator generated, such as a dataclass's ``__init__``)."""
     out = []
     name = module.__name__
+    candidates: list[Any] = []
     for value in list(vars(module).values()):
-        if isinstance(value, types.FunctionType) and value.__module__ == name:
-            out.append(value)
+        if isinstance(value, types.FunctionType):
+            candidates.append(value)
         elif isinstance(value, type) and value.__module__ == name:
-            out.extend(v for v in vars(value).values()
-                       if isinstance(v, types.FunctionType) and v.__module__ == name)
+            candidates.extend(vars(value).values())
+    for value in candidates:
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if isinstance(value, types.FunctionType) and value.__module__ == name \
+                and value.__code__.co_filename == file:
+            out.append(value)
     return out
 
 
@@ -154,7 +162,7 @@ def _matches(module: types.ModuleType, source: bytes, file: str) -> bool:
     except (SyntaxError, ValueError):
         return False
     return all(fingerprint(func.__code__) in compiled.get(func.__code__.co_qualname, ())
-               for func in _loaded_functions(module))
+               for func in _loaded_functions(module, file))
 
 
 class CodeRecorder:
@@ -285,11 +293,6 @@ class PinnedCode:
         return sorted(out)
 
     # ------------------------------------------------------------- resolving
-
-    def use(self, manifest: Manifest) -> None:
-        """The run's manifest, read with its other events (saves reading them again)."""
-        if self._manifest is None:
-            self._manifest = manifest
 
     def _pinned_of(self, name: str) -> str | None:
         """The pinned module that stands for project module ``name``: its remap

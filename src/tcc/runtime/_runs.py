@@ -456,11 +456,14 @@ def resume(
     if checkpoint_every is None:
         checkpoint_every = stored_every
     strategy, _notice = effective_strategy(strategy or run.strategy)
+    # Which code the run continues on (a run already on its pinned code stays on it), and
+    # the usage errors of loading it, before the claim.
     pinned = PinnedCode(store, run_id, None, pin=code == "pinned")
-    if code == "pinned":  # its usage errors before the claim
+    if code == "pinned":
         _check_pinnable(run, strategy, pinned)
-        if is_sync(_entry_function(run.entry, pinned)):
-            strategy = "replay"
+    func = _entry_function(run.entry, pinned)
+    if is_sync(func):
+        strategy = "replay"
     # Only a run that was executing when its owner went away can have lost the intent of
     # a call in flight; a parked or failed run recorded its status after its last call,
     # and a fork that was never resumed has issued nothing of its own.
@@ -478,12 +481,8 @@ def resume(
 
     verify_name, executed, retried, manifest = _history(store, run_id, run.epoch)  # (before this claim)
     crashed = crashed and executed
-    pinned.use(manifest)
     if pinned.active:  # the journal's values name the run's modules too
         set_process_modules(pinned.resolve)
-    func = _entry_function(run.entry, pinned)  # the pinned one if the run continues on pinned code
-    if is_sync(func):
-        strategy = "replay"
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     # What the fresh import bound, before a snapshot's module-level data overwrites it.
     modules = ModuleState(pinned.entry_module(run.entry), resolve=pinned.resolve) \
