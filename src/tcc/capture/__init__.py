@@ -22,6 +22,9 @@ from ._frames import available as native_available
 from ._frames import code_of as code_of
 from ._frames import slot_names as slot_names
 from ._fingerprint import fingerprint as fingerprint
+from ._flow import instructions as flow_instructions
+from ._flow import suspension_points as flow_points
+from ._records import NULL as NULL_SLOT
 from ._records import PINNED_PREFIX as PINNED_PREFIX
 from ._records import set_process_modules as set_process_modules
 from ._registry import register_reducer as register_reducer
@@ -70,6 +73,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 __all__ = [
+    "NULL_SLOT",
     "PINNED_PREFIX",
     "UNBOUND",
     "AnyCode",
@@ -85,6 +89,8 @@ __all__ = [
     "dump_stored",
     "dumps",
     "fingerprint",
+    "flow_instructions",
+    "flow_points",
     "frame_view",
     "interpreter_tag",
     "load_payload",

@@ -170,19 +170,24 @@ class _Loader(pickle.Unpickler):
         return obj
 
 
-def load_payload(payload: bytes, *, edit: Any = None, modules: Any = None) -> Any:
+def load_payload(payload: bytes, *, edit: Any = None, modules: Any = None,
+                 upgrade: Any = None) -> Any:
     """Unpickle a payload made by :func:`dump_payload` and resume its frames.
 
     ``modules(name)``, if given, is the module that a module name in the snapshot
     stands for (None: the module imported by that name); the runtime passes it to
-    load a run on its pinned code.
+    load a run on its pinned code.  ``upgrade(gen, func, fingerprint)``, if given, is
+    told of each generator whose function's code differs from the snapshot's, made for
+    the new code, instead of refusing it; ``edit`` must then map its record.
 
     ``edit(obj, records)``, if given, may change the frame records (a list of
     ``(generator, record)`` pairs) before they are validated and written;
     ``tcc fork --set`` uses it to change a local of a suspended frame.
     """
-    saved = (_records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules)
-    _records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules = [], [], modules
+    saved = (_records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules,
+             _records.LOAD.upgrade)
+    (_records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules,
+     _records.LOAD.upgrade) = [], [], modules, upgrade
     try:
         try:
             if _framed.is_framed(payload):
@@ -209,7 +214,8 @@ def load_payload(payload: bytes, *, edit: Any = None, modules: Any = None) -> An
     else:
         _discard_fresh(_records.LOAD.pending)
     finally:
-        _records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules = saved
+        (_records.LOAD.pending, _records.LOAD.fresh, _records.LOAD.modules,
+         _records.LOAD.upgrade) = saved
     return obj
 
 

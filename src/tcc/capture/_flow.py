@@ -392,11 +392,12 @@ class _Point:
     """What the analysis knows about one suspension point."""
 
     __slots__ = ("depth", "null_ok", "method_self", "start", "kinds", "why",
-                 "iters", "excs", "lastis")
+                 "iters", "excs", "lastis", "makers")
 
     def __init__(self, depth: int | None, null_ok: int, method_self: int, start: int,
                  kinds: tuple[int, ...] = (),
-                 why: tuple[tuple[tuple[int, str], ...], ...] = ()) -> None:
+                 why: tuple[tuple[tuple[int, str], ...], ...] = (),
+                 makers: tuple[tuple[int, int], ...] = ()) -> None:
         self.depth = depth  # exact value-stack depth while suspended; None: unknown
         self.null_ok = null_ok  # bit i: stack[i] may legally be NULL
         # bit i: stack[i] is the NULL-or-self half of a method load (3.13 only)
@@ -407,6 +408,9 @@ class _Point:
         # those a resume runs soonest first.
         self.kinds = kinds
         self.why = why
+        # makers[i]: (index of the instruction that pushed stack[i], which of its outputs
+        # it is), (-1, 0) if the paths that meet disagree (``tcc upgrade`` compares them)
+        self.makers = makers
         # The same as bit masks, by kind: bit i set if stack[i] is a for loop's
         # iterator / an exception (or None) / a handler's lasti.
         self.iters = _mask(kinds, KIND_ITER)
@@ -531,16 +535,18 @@ class _CodeInfo:
                 else:
                     depth, mask, pmask, labels = state
                     keep = (1 << (depth - 1)) - 1
-                    kinds, whys = [], []
+                    kinds, whys, makers = [], [], []
                     here = ins.offset // 2
                     for label in labels[: depth - 1]:  # the yielded value is not in the record
+                        makers.append((label >> _OUT_BITS, label & ((1 << _OUT_BITS) - 1))
+                                      if label >= 0 else (-1, 0))
                         made, made_by = self._produced(label)
                         kinds.append(made | reqs.get(label, 0))
                         found = sorted(uses.get(label, ()), key=lambda u: (u[0] < here, u[0]))
                         whys.append(tuple((kind, what) for _at, kind, what in found)
                                     + ((made, made_by),))
                     point = _Point(depth - 1, mask & keep, pmask & keep if _NULL_ABOVE else 0, i + 1,
-                                   tuple(kinds), tuple(whys))
+                                   tuple(kinds), tuple(whys), tuple(makers))
                 self.points[ins.offset // 2] = point
 
     def _produced(self, label: int) -> tuple[int, str]:
@@ -1170,3 +1176,18 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
         f"the bytecode reads local {info.names[local]!r} without a check at "
         f"offset {ins.offset // 2}{line}"
     )
+
+
+def suspension_points(code: types.CodeType) -> dict[int, Any]:
+    """``{offset: point}`` for each place a frame of ``code`` can be suspended at (the
+    code-unit index of a ``YIELD_VALUE``; -1: unstarted).  A point has ``depth`` (the
+    value-stack depth, None if unknown), ``start`` (the instruction index a resume runs
+    first) and ``makers`` (for each stack slot, the index of the instruction in
+    :func:`instructions` that pushed it, and which of its outputs it is)."""
+    return dict(_info(code).points)
+
+
+def instructions(code: types.CodeType) -> list[Any]:
+    """The decoded instructions of ``code`` as the analysis sees them (``offset`` in bytes,
+    ``name``, ``arg``, ``target``/``handler``: instruction indexes or -1, ``falls``)."""
+    return list(_info(code).instrs)

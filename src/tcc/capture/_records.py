@@ -53,6 +53,9 @@ class _LoadContext(threading.local):
         # the module a snapshot's module name stands for in this load, or None for the
         # one imported by that name (``load_payload(modules=...)``: pinned code)
         self.modules: Callable[[str], types.ModuleType | None] | None = None
+        # ``tcc upgrade``: told of each generator whose function's code changed (the
+        # generator made for the new code, the stored fingerprint) instead of refusing it
+        self.upgrade: Callable[[Any, types.FunctionType, bytes], None] | None = None
 
 
 LOAD = _LoadContext()
@@ -110,6 +113,12 @@ def new_generator(func: Any, expected: bytes | None, kind: int) -> Any:
             f"snapshot names {func!r} as a generator's function, which is not a function"
         )
     code = func.__code__
+    if expected is not None and fingerprint(code) != expected and LOAD.upgrade is not None \
+            and LOAD.pending is not None:
+        gen = _frames.fresh_generator(func)
+        LOAD.fresh.append(gen)
+        LOAD.upgrade(gen, func, expected)  # its record is mapped onto the new code later
+        return gen
     if expected is not None and fingerprint(code) != expected:
         raise errors.CodeChangedError(
             f"the code of {_where(code)} has changed since the snapshot was taken; "

@@ -87,7 +87,7 @@ class _OnlyCommand:
         return _Skipped()
 
 
-COMMANDS = ("run", "resume", "retry", "signal", "approve", "reject", "cancel", "fork", "inspect",
+COMMANDS = ("run", "resume", "retry", "signal", "approve", "reject", "cancel", "fork", "upgrade", "inspect",
             "worker", "ls", "show", "gc", "init", "ui", "info")
 
 
@@ -195,6 +195,20 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                            "it awaits (\"what if the model had answered X?\")")
     fork.add_argument("--run-id", dest="new_run_id", help="id for the new run")
     fork.set_defaults(handler=_cmd_fork)
+
+    upg = sub.add_parser("upgrade", help="move a suspended run onto the current code (a new "
+                         "snapshot; see --dry-run first)")
+    _common(upg)
+    upg.add_argument("run_id", metavar="RUN_ID")
+    upg.add_argument("--dry-run", action="store_true",
+                     help="print the mapping, frame by frame, and write nothing")
+    upg.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
+                     help="the value of a new local that the new code reads after the suspension point")
+    upg.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                     help="a local the new code renamed: map OLD's value onto NEW")
+    upg.add_argument("--steal", action="store_true",
+                     help="upgrade even if the run's owner holds a live lease (it is fenced)")
+    upg.set_defaults(handler=_cmd_upgrade)
 
     insp = sub.add_parser("inspect", help="show a snapshot's frozen call stack and locals (runs no user code)")
     _common(insp)
@@ -366,6 +380,15 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         done = runtime.cancel(store, args.run_id, reason=args.reason)
         _render.cancelled(done.run, done.was, done.children, as_json=args.json)
     return 0
+
+
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    from .. import runtime
+
+    with _open(args, create=False) as store:
+        plan = runtime.upgrade(store, args.run_id, dry_run=args.dry_run, sets=args.set,
+                               renames=args.rename, steal=args.steal)
+    return _render.upgrade_plan(plan, dry_run=args.dry_run, as_json=args.json)
 
 
 def _cmd_fork(args: argparse.Namespace) -> int:

@@ -244,3 +244,43 @@ def _code_event(data: Any) -> str:
     if isinstance(stale, dict) and stale:
         parts.append("stale: " + ", ".join(os.path.basename(str(f)) for f in stale.values()))
     return ", ".join(parts)
+
+
+def upgrade_plan(plan: Any, *, dry_run: bool, as_json: bool) -> int:
+    """Print an upgrade's mapping as a reviewer reads it; exit 0 if it is (or would be)
+    applied, 1 if it is refused."""
+    if as_json:
+        print(json.dumps(plan.to_json()))
+        return 0 if plan.ok else 1
+    head = "would upgrade" if dry_run else "upgrade of"
+    print(f"{head} run {plan.run_id}, snapshot {plan.snapshot}, onto the current code")
+    for f in plan.frames:
+        where = f"{f.qualname}()  {os.path.basename(f.file)}"
+        if f.internal and not f.changed:
+            continue
+        if not f.changed:
+            print(f"  {where}: code unchanged, kept as it is")
+            continue
+        lines = f"line {f.old_line} -> {f.new_line}" if f.new_line is not None else \
+            (f"line {f.old_line}" if f.old_line is not None else "")
+        print(f"  {where}: {lines}  at {f.site}".rstrip())
+        for label, names in (("kept", f.kept), ("renamed", f.renamed), ("set", f.given),
+                             ("new, assigned before use", f.unbound), ("dropped", f.dropped)):
+            if names:
+                print(f"      {label + ':':<26}{', '.join(names)}")
+        if f.stack:
+            print(f"      {'stack:':<26}{f.stack}")
+        for why in f.refusals:
+            print(f"      REFUSED: {why}")
+    for d in plan.defaults:
+        print(f"  field {d}")
+    for why in plan.refusals:
+        print(f"  REFUSED: {why}")
+    if not plan.ok:
+        print("nothing was written")
+        return 1
+    if dry_run:
+        print("nothing was written (--dry-run); run it without --dry-run to store the new snapshot")
+    else:
+        print(f"stored as snapshot {plan.written}; `tcc resume {plan.run_id}` continues on the new code")
+    return 0

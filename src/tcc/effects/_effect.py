@@ -525,6 +525,13 @@ def spawn(fn: Callable[..., Any], *args: Any) -> SpawnRequest:
     return _switch_if_sync(SpawnRequest(name, tuple(args)))
 
 
-def checkpoint() -> CheckpointRequest:
-    """``await tcc.checkpoint()`` snapshots the run at this point."""
+def checkpoint(label: str | None = None) -> CheckpointRequest:
+    """``await tcc.checkpoint()`` snapshots the run at this point.
+
+    ``label`` (a string literal) names this point, and the await sites after it up to the
+    next label, for ``tcc upgrade``: a suspended frame is mapped onto the new code by
+    label first, so an await site added elsewhere does not make its mapping ambiguous.
+    """
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"tcc.checkpoint(label): the label must be a string, not {type(label).__name__}")
     return _switch_if_sync(CheckpointRequest())

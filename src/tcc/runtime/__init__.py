@@ -29,6 +29,8 @@ from ._views import snapshot_state as snapshot_state
 from ._views import owner_alive as owner_alive
 from ._views import when as when
 from ._fork import fork as fork
+from ._upgrade import Plan as UpgradePlan
+from ._upgrade import upgrade as upgrade
 from ._worker import Worker as Worker
 from ._worker import pending_waits as pending_waits
 from ._worker import start_resume as start_resume
@@ -94,6 +96,8 @@ __all__ = [
     "forgotten_await",
     "flush_tracing",
     "fork",
+    "upgrade",
+    "UpgradePlan",
     "is_module_entry",
     "load_script",
     "owner_alive",
