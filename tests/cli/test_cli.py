@@ -150,7 +150,8 @@ def test_awaiting_asyncio_inside_a_run_is_explained(tmp_path):
 
 
 def test_changed_script_is_refused_on_resume_and_replay_is_offered(tmp_path):
-    """After the script changes, resume refuses with a hint; --strategy replay re-executes."""
+    """After the script changes, resume on the current code refuses with a hint; --strategy
+    replay re-executes.  (By default a resume continues on the recorded code: test_pinned_code.)"""
     script = tmp_path / "agent.py"
     source = (AGENTS / "ledger_agent.py").read_text()
     script.write_text(source)
@@ -164,7 +165,7 @@ def test_changed_script_is_refused_on_resume_and_replay_is_offered(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     script.write_text(source.replace("assert value // 1000 == step", "assert value // 1000 == step, 'x'"))
-    refused = cli.run("resume", "drift")
+    refused = cli.run("resume", "--code", "current", "drift")
     assert refused.returncode == 1
     assert "has changed since the snapshot" in refused.stderr
     assert "--strategy replay" in refused.stderr

@@ -67,6 +67,9 @@ def _killed(cli: Cli, run_id: str, *args: str, after: int, command: str = "run")
     """``tcc run`` (or ``resume``) SIGKILLed right after its ``after``-th step."""
     killer = Cli.__new__(Cli)
     killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER=str(after))
+    if command == "run" and "--on-code-change" in args:  # tcc options go before the script
+        at = args.index("--on-code-change")
+        args = (*args[at:at + 2], *args[:at], *args[at + 2:])
     proc = killer.run(command, *(("--run-id", run_id) if command == "run" else ()), *args)
     assert proc.returncode == -9, (proc.returncode, proc.stderr)
     assert cli.show(run_id)["status"] == "running"
@@ -93,7 +96,7 @@ def test_a_run_records_its_modules_and_resumes_on_them_after_an_edit(tmp_path):
     assert recorded["helpers"]["sha256"] == hashlib.sha256(HELPERS.encode()).hexdigest()
 
     _edit(script)
-    refused = cli.run("resume", "r")
+    refused = cli.run("resume", "--code", "current", "r")
     assert refused.returncode == 1
     assert "main() (" in refused.stderr and "has changed since the snapshot was taken" in refused.stderr
     assert "`tcc resume --code pinned r` continues the run on the code it recorded" in refused.stderr
@@ -113,7 +116,7 @@ def test_pinned_resume_after_the_script_and_its_helper_were_deleted(tmp_path):
     _killed(cli, "gone", str(script), "4", after=1)
     script.unlink()
     script.with_name("helpers.py").unlink()
-    proc = cli.run("resume", "gone")
+    proc = cli.run("resume", "--code", "current", "gone")
     assert proc.returncode != 0 and "does not exist" in proc.stderr, proc.stderr
     assert _result(cli.run("resume", "--json", "--code", "pinned", "gone")) == expected
 
@@ -219,7 +222,7 @@ def test_pinned_resume_on_postgresql(pg_dsn, tmp_path):
     script = _project(tmp_path)
     _killed(cli, "pg", str(script), "4", after=2)
     _edit(script)
-    assert cli.run("resume", "pg").returncode == 1
+    assert cli.run("resume", "--code", "current", "pg").returncode == 1
     assert _result(cli.run("resume", "--json", "--code", "pinned", "pg")) == expected
 
 
@@ -237,7 +240,7 @@ def test_a_dataclass_in_the_state_that_gains_a_field_resumes_on_its_pinned_class
     _killed(cli, "dc", str(script), after=2)
     script.write_text(source.replace("    n: int\n", "    n: int\n    priority: int = 0\n").replace(
         "        state.n += await step(i)\n", "        state.n += await step(i) + state.priority\n"))
-    assert cli.run("resume", "dc").returncode == 1
+    assert cli.run("resume", "--code", "current", "dc").returncode == 1
     assert _result(cli.run("resume", "--json", "--code", "pinned", "dc")) == expected == 6
 
 
@@ -246,3 +249,57 @@ def _write(folder: pathlib.Path, source: str) -> pathlib.Path:
     script = folder / "project" / "agent.py"
     script.write_text(source)
     return script
+
+
+# ------------------------------------------------------- --on-code-change policies
+
+
+def test_by_default_a_resume_continues_on_the_recorded_code_and_says_so(tmp_path):
+    expected = _uninterrupted(tmp_path, "5")
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "dflt", str(script), "5", after=2)
+    _edit(script)
+    proc = cli.run("resume", "--json", "dflt")
+    assert _result(proc) == expected
+    assert "continues on the code it recorded (agent, helpers changed since)" in proc.stderr, proc.stderr
+    assert "`tcc upgrade dflt`" in proc.stderr
+
+
+def test_the_refuse_policy_refuses_and_the_upgrade_policy_upgrades(tmp_path):
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "ref", str(script), "5", "--on-code-change", "refuse", after=2)
+    _killed(cli, "upg", str(script), "5", "--on-code-change", "upgrade", after=2)
+    started = [e["data"] for e in cli.show("upg")["events"] if e["kind"] == "started"]
+    assert started[0]["on_code_change"] == "upgrade"
+    # a fix after the await in the script only: the helper stays as it was
+    script.write_text(script.read_text().replace("COUNT += 1", "COUNT += 2"))
+    refused = cli.run("resume", "ref")
+    assert refused.returncode == 1 and "--code pinned ref" in refused.stderr, refused.stderr
+    proc = cli.run("resume", "--json", "upg")
+    # steps 0 and 1 ran on the old code (COUNT 1, 2); step 1's answer is sent into the new
+    # code, which adds 2 from there on
+    assert _result(proc) == [0 + 1, 10 + 3, 20 + 5, 30 + 7, 40 + 9], proc.stderr
+    assert "was upgraded onto the current code" in proc.stderr
+    assert [e["kind"] for e in cli.show("upg")["events"]].count("upgraded") == 1
+
+
+def test_ls_and_show_say_which_runs_code_changed_and_what_a_resume_does(tmp_path):
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "keep", str(script), "5", after=2)
+    _killed(cli, "stop", str(script), "5", "--on-code-change", "refuse", after=2)
+    assert _result(cli.run("run", "--json", "--run-id", "done", str(script), "1")) == [1]
+    listing = {r["id"]: r["code_changed"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)}
+    assert listing == {"keep": None, "stop": None, "done": None}
+    _edit(script)
+    listing = {r["id"]: r["code_changed"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)}
+    assert listing == {"keep": "pinned", "stop": "refuse", "done": None}
+    text = cli.run("ls", check=True).stdout
+    assert "[code changed: needs a decision]" in text and "[code changed: continues pinned]" in text
+    shown = cli.run("show", "stop", check=True).stdout
+    assert "on code change: refuse; changed since recorded: agent.py, helpers.py" in shown, shown
+    assert "`tcc resume --code pinned stop`" in shown and "`tcc upgrade stop`" in shown
+    code = cli.show("keep")["code"]
+    assert code["policy"] == "pinned" and code["changed"] == ["__tcc_script_agent", "helpers"]

@@ -177,7 +177,7 @@ def test_the_code_changed_message_says_what_replay_requires(tmp_path):
     assert killer.run("run", "--run-id", "c", str(script)).returncode == -9
     script.write_text(script.read_text().replace("out.append(await step(i * FACTOR))",
                                                  "out.append(await step(i * FACTOR + 0))"))
-    proc = cli.run("resume", "c")
+    proc = cli.run("resume", "--code", "current", "c")
     assert proc.returncode == 1 and "CodeChanged" not in proc.stdout
     assert "works only if the code still makes the same calls with the same arguments" in proc.stderr
     assert "tcc resume --strategy replay c" in proc.stderr

@@ -125,7 +125,8 @@ def test_worker_logs_why_a_resume_failed(tmp_path):
     script = tmp_path / "agent.py"
     script.write_text(Path(LEDGER_AGENT).read_text())
     cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="10")
-    victim = cli.popen("run", "--run-id", "edited", "--lease", "1", str(script))
+    victim = cli.popen("run", "--run-id", "edited", "--lease", "1", "--on-code-change", "refuse",
+                       str(script))
     while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
         time.sleep(0.05)
     victim.send_signal(signal.SIGKILL)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from .. import _version
 from ..errors import TccError, UsageError
-from ..runtime import STRATEGIES
+from ..runtime import CODE_POLICIES, STRATEGIES
 from ..store import DURABILITIES, RUN_STATUSES, default_keep
 from . import _render
 
@@ -129,6 +129,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("--verify", metavar="FUNC",
                      help="check the result with FUNC(result) before completing (default: the "
                           "script's verify() if it has one); a failed check leaves the run unverified")
+    run.add_argument("--on-code-change", choices=CODE_POLICIES, default="pinned",
+                     help="when the run's files change while it is suspended, a resume (or the "
+                          "worker) continues it on the code it recorded (pinned, the default), "
+                          "refuses (refuse), or moves it onto the new code first (upgrade)")
     run.add_argument("script", metavar="SCRIPT[:FUNC]", help="the agent script and its async entry (main)")
     run.add_argument("args", nargs=argparse.REMAINDER,
                      help="arguments passed to FUNC as strings (everything after SCRIPT, so tcc "
@@ -144,10 +148,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
                         help="ownership lease, renewed while the run is alive (default: 30)")
     resume.add_argument("--steal", action="store_true", help="take the run even if its owner's lease is live")
-    resume.add_argument("--code", choices=("current", "pinned"), default="current",
-                        help="current (default): the code as it is now, refused where a suspended "
-                        "frame's code changed; pinned: the code the run recorded, if the files "
-                        "changed since (README, \"Changing code under running agents\")")
+    resume.add_argument("--code", choices=("current", "pinned"), default=None,
+                        help="current: the code as it is now, refused where a suspended frame's "
+                        "code changed; pinned: the code the run recorded, if the files changed "
+                        "since; default: the run's --on-code-change policy (README, \"Changing "
+                        "code under running agents\")")
     resume.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="at a tcc.wait_for/approval, wait this long in-process before parking")
     resume.add_argument("run_id", metavar="RUN_ID")
@@ -313,6 +318,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             on_started=lambda run, resumed: _render.started(run.run_id, resumed=resumed,
                                                             as_json=args.json),
             on_notice=lambda text: print(f"tcc: note: {_render.clean(text)}", file=sys.stderr),
+            on_code_change=args.on_code_change,
         )
         return _render.outcome(outcome, as_json=args.json)
 
@@ -327,6 +333,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             store, args.run_id, strategy=args.strategy, checkpoint_every=args.checkpoint_every,
             lease=args.lease, steal=args.steal, progress=_render.progress_printer(),
             wait_seconds=args.wait, code=args.code,
+            on_notice=lambda text: print(f"tcc: note: {_render.clean(text)}", file=sys.stderr),
         )
         return _render.outcome(outcome, as_json=args.json)
 
@@ -473,10 +480,29 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     with _open(args, create=False) as store:
         damaged: list[tuple[str, str]] = []
         runs = store.list_runs(args.status, damaged=damaged)
-        _render.run_list(runs, as_json=args.json)
+        _render.run_list(runs, as_json=args.json, code=_code_flags(store, runs))
     for run_id, why in damaged:  # list what is intact, then say what is not (exit 1)
         _render.say(f"tcc: error: run {run_id} is not listed: {why}", file=sys.stderr, newlines=False)
     return 1 if damaged else 0
+
+
+def _code_flags(store: Any, runs: list[Any]) -> dict[str, str]:
+    """For each unfinished run whose files changed since it recorded them: what a resume
+    does about it (its ``--on-code-change`` policy), e.g. ``refuse``: it needs a decision."""
+    from ..runtime import code_state
+    from ..store import FINAL_STATUSES
+
+    flags = {}
+    for run in runs:
+        if run.status in FINAL_STATUSES:
+            continue
+        try:
+            state = code_state(store.events(run.run_id), run.status)
+        except TccError:
+            continue  # a damaged run is said by `tcc show`
+        if state is not None and state["changed"]:
+            flags[run.run_id] = state["policy"]
+    return flags
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

@@ -113,11 +113,18 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def run_list(runs: list[RunInfo], *, as_json: bool) -> None:
+_CODE_FLAG = {"pinned": "code changed: continues pinned", "refuse": "code changed: needs a decision",
+              "upgrade": "code changed: upgrades on resume"}
+
+
+def run_list(runs: list[RunInfo], *, as_json: bool, code: dict[str, str] | None = None) -> None:
+    """``code``: run id -> the policy of each unfinished run whose files changed since."""
+    code = code or {}
     if as_json:
         print(json.dumps([
             {"id": r.run_id, "status": r.status, "entry": r.entry, "strategy": r.strategy,
-             "created": r.created, "updated": r.updated, "epoch": r.epoch}
+             "created": r.created, "updated": r.updated, "epoch": r.epoch,
+             "code_changed": code.get(r.run_id)}
             for r in runs
         ]))
         return
@@ -126,7 +133,8 @@ def run_list(runs: list[RunInfo], *, as_json: bool) -> None:
         return
     print(f"{'ID':<34} {'STATUS':<10} {'UPDATED':<19}  ENTRY")
     for r in sorted(runs, key=lambda r: r.created):
-        print(f"{clean(r.run_id):<34} {clean(r.status):<10} {_when(r.updated):<19}  {clean(r.entry)}")
+        flag = f"  [{_CODE_FLAG[code[r.run_id]]}]" if r.run_id in code else ""
+        print(f"{clean(r.run_id):<34} {clean(r.status):<10} {_when(r.updated):<19}  {clean(r.entry)}{flag}")
 
 
 def delivered(run_id: str, wait_id: str, *, as_json: bool) -> None:
@@ -197,6 +205,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool, calls: int | None = -1
     print(f"  created    {_when(run.created)}   updated {_when(run.updated)}")
     effects = doc["effects"] if whole else "(not counted: `tcc show --all-calls` reads the whole journal)"
     say(f"  effects    {effects}   checkpoints {doc['checkpoints']}   snapshots kept {len(snapshots)}")
+    code = doc.get("code")
+    if code is not None and (code["changed"] or code["pinned"] or code["policy"] != "pinned"):
+        say(f"  code       {_code_line(doc['id'], code)}")
     if doc["result"] is not None:
         print(f"  result     {json.dumps(doc['result'])}")
     if doc["error"]:
@@ -284,3 +295,22 @@ def upgrade_plan(plan: Any, *, dry_run: bool, as_json: bool) -> int:
     else:
         print(f"stored as snapshot {plan.written}; `tcc resume {plan.run_id}` continues on the new code")
     return 0
+
+
+def _code_line(run_id: str, code: dict[str, Any]) -> str:
+    """What a person needs to know about the run's code: its policy, whether it continues
+    on pinned code, and which files changed since it recorded them."""
+    policy = code["policy"]
+    parts = [f"on code change: {policy}"]
+    if code["pinned"]:
+        parts.append("continues on its recorded (pinned) code")
+    changed = [os.path.basename(code["modules"][n]["file"]) for n in code["changed"]
+               if n in code["modules"]]
+    if changed:
+        action = {"pinned": "a resume continues on the recorded code",
+                  "refuse": f"a resume is refused: decide with `tcc resume --code pinned {run_id}` "
+                            f"or `tcc upgrade {run_id}`",
+                  "upgrade": "a resume upgrades it first"}[policy]
+        parts.append(f"changed since recorded: {', '.join(changed)} ({action}; "
+                     f"`tcc upgrade --dry-run {run_id}` shows whether it can move onto the new code)")
+    return "; ".join(parts)

@@ -16,6 +16,7 @@ from ._operations import cancel as cancel
 from ._operations import default_snapshot_every as default_snapshot_every
 from ._operations import run as run
 from ._operations import signal as signal
+from ._pinning import CODE_POLICIES as CODE_POLICIES
 from ._runs import STRATEGIES as STRATEGIES
 from ._runs import resume as resume
 from ._runs import retry as retry
@@ -24,6 +25,7 @@ from ._runs import send_signal as send_signal
 from ._runs import start as start
 from ._views import RunDetail as RunDetail
 from ._views import SnapshotView as SnapshotView
+from ._views import code_state as code_state
 from ._views import run_detail as run_detail
 from ._views import snapshot_state as snapshot_state
 from ._views import owner_alive as owner_alive
@@ -96,6 +98,8 @@ __all__ = [
     "forgotten_await",
     "flush_tracing",
     "fork",
+    "code_state",
+    "CODE_POLICIES",
     "upgrade",
     "UpgradePlan",
     "is_module_entry",

@@ -17,6 +17,7 @@ from ..effects import check_signal_name
 from ..store import LIVE_STATUSES, RunInfo, Store
 from . import _scripts
 from ._driver import Outcome
+from ._pinning import DEFAULT_POLICY
 from ._runs import (SYNC_NOTICE, Progress, _entry, check_call, effective_strategy, is_sync, resume,
                     reusable_run, send_signal, start)
 from ._worker import pending_waits
@@ -44,6 +45,7 @@ def run(
     progress: Progress | None = None,
     on_started: Callable[[RunInfo, bool], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    on_code_change: str = DEFAULT_POLICY,
 ) -> Outcome:
     """Run ``target`` durably and return how it ended (``tcc run``).
 
@@ -63,7 +65,7 @@ def run(
             if on_started is not None:
                 on_started(existing, True)
             return resume(store, run_id, checkpoint_every=checkpoint_every, lease=lease,
-                          progress=progress, wait_seconds=wait_seconds)
+                          progress=progress, wait_seconds=wait_seconds, on_notice=on_notice)
     strategy, notice = effective_strategy(strategy)
     entry = _entry(target)
     func = _scripts.resolve(entry)
@@ -77,7 +79,7 @@ def run(
         checkpoint_every=checkpoint_every or default_snapshot_every(strategy), lease=lease,
         keep=keep, progress=progress, wait_seconds=wait_seconds, verify=verify,
         on_created=None if on_started is None else (lambda run: on_started(run, False)),
-        on_notice=on_notice,
+        on_notice=on_notice, on_code_change=on_code_change,
     )
 
 

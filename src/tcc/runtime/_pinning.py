@@ -47,10 +47,15 @@ from ..store import Store
 from . import _scripts
 from ._globals import _real_path
 
-__all__ = ["CODE_EVENT", "CODE_MODES", "CodeRecorder", "PinnedCode", "manifest_of", "project_root"]
+__all__ = ["CODE_EVENT", "CODE_MODES", "CODE_POLICIES", "DEFAULT_POLICY", "policy_of", "CodeRecorder", "PinnedCode", "manifest_of", "project_root"]
 
 CODE_EVENT = "code"
 CODE_MODES = ("current", "pinned")  # what ``tcc resume --code`` accepts
+#: What ``tcc resume`` (and the worker) does when a run's recorded code differs from the
+#: files (``tcc run --on-code-change``): continue on the recorded code, refuse, or move
+#: the run onto the new code first (``tcc upgrade``).
+CODE_POLICIES = ("pinned", "refuse", "upgrade")
+DEFAULT_POLICY = "pinned"
 ROOT_ENV = "TCC_PROJECT_ROOT"
 
 # Manifest: module name -> {"file": path, "sha256": digest} (+ "from": the original
@@ -104,6 +109,31 @@ def manifest_of(events: Any) -> Manifest:
             if isinstance(name, str):
                 manifest.pop(name, None)  # its last recorded source is not what ran
     return manifest
+
+
+def policy_of(events: Any) -> str:
+    """The run's ``--on-code-change`` policy, from its ``started`` event."""
+    for event in events:
+        if event.kind == "started":
+            policy = event.data.get("on_code_change")
+            return policy if policy in CODE_POLICIES else DEFAULT_POLICY
+    return DEFAULT_POLICY
+
+
+def changed_files(manifest: Manifest) -> list[str]:
+    """The recorded (not pinned) modules whose file is gone or differs from its source."""
+    out = []
+    for name, entry in manifest.items():
+        if name.startswith(PINNED_PREFIX):
+            continue
+        try:
+            with open(entry["file"], "rb") as f:
+                same = hashlib.sha256(f.read()).hexdigest() == entry["sha256"]
+        except OSError:
+            same = False
+        if not same:
+            out.append(name)
+    return sorted(out)
 
 
 def _process_start() -> float:
@@ -265,7 +295,7 @@ class PinnedCode:
         self.remap: dict[str, str] = {}  # original name -> pinned name
         self.changed: list[str] = []
         if pin:
-            self.changed = self._changed()
+            self.changed = changed_files(self.manifest)
             if self.changed:
                 self.remap = {name: pinned_name(name, entry["sha256"])
                               for name, entry in self.manifest.items()
@@ -276,21 +306,6 @@ class PinnedCode:
         if self._manifest is None:
             self._manifest = manifest_of(self.store.events(self.run_id))
         return self._manifest
-
-    def _changed(self) -> list[str]:
-        """The recorded modules whose file is gone or differs from the recorded source."""
-        out = []
-        for name, entry in self.manifest.items():
-            if name.startswith(PINNED_PREFIX):
-                continue
-            try:
-                with open(entry["file"], "rb") as f:
-                    same = hashlib.sha256(f.read()).hexdigest() == entry["sha256"]
-            except OSError:
-                same = False
-            if not same:
-                out.append(name)
-        return sorted(out)
 
     # ------------------------------------------------------------- resolving
 

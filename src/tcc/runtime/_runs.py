@@ -20,7 +20,8 @@ from ._journal import LoggedCall, answered_request, logged_calls
 from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
 from ._outcome import decode_child
 from ._parking import Parked
-from ._pinning import CODE_MODES, CodeRecorder, Manifest, PinnedCode, manifest_of, project_root
+from ._pinning import (CODE_MODES, CODE_POLICIES, DEFAULT_POLICY, CodeRecorder, Manifest, PinnedCode,
+                       changed_files, manifest_of, policy_of, project_root)
 from ._state import Resumption, unpack_state
 
 STRATEGIES = ("continuation", "replay", "hybrid")
@@ -131,6 +132,37 @@ def _entry_function(entry: str, pinned: PinnedCode) -> Any:
     if func is None or not callable(func):
         raise errors.UsageError(f"{_scripts.describe_entry(entry)} has no function {func_name!r}")
     return func
+
+
+def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
+               on_notice: Callable[[str], None] | None) -> str:
+    """``code``, or what the run's policy makes of a change of its files: ``pinned``
+    (continue on the recorded code), ``current`` (refuse a changed frame; or, under the
+    ``upgrade`` policy, after moving the run onto the current code)."""
+    if code is not None:
+        return code
+    if strategy == "replay":
+        return "current"
+    events = store.events(run.run_id)
+    policy, manifest = policy_of(events), manifest_of(events)
+    if policy == "refuse" or not manifest:
+        return "current"
+    if policy == "pinned" or not changed_files(manifest):
+        return "pinned"
+    from ._upgrade import upgrade  # the upgrade policy: move the run first
+
+    plan = upgrade(store, run.run_id)
+    if plan.nothing_changed:
+        return "pinned"
+    if not plan.ok:
+        raise errors.CodeChangedError(
+            f"run {run.run_id}: its code changed and its policy is to upgrade it, but the "
+            "upgrade is refused: " + "; ".join(plan.all_refusals())
+            + f" (`tcc resume --code pinned {run.run_id}` continues it on the code it recorded)")
+    if on_notice is not None:
+        on_notice(f"run {run.run_id} was upgraded onto the current code (snapshot {plan.written}; "
+                  "its policy is --on-code-change upgrade)")
+    return "current"
 
 
 def _check_pinnable(run: RunInfo, strategy: str, pinned: PinnedCode) -> None:
@@ -295,6 +327,7 @@ def start(
     parent: str | None = None,
     keep: int | None = None,
     on_notice: Callable[[str], None] | None = None,
+    on_code_change: str = DEFAULT_POLICY,
 ) -> Outcome:
     """Create a run of ``script`` (``path[:func]``, or a function object of an importable
     module or of the ``__main__`` script) and drive it to the end.
@@ -307,6 +340,9 @@ def start(
     ``on_notice(text)`` is told what the user should know before the run starts (module
     globals that cannot be captured); the same is recorded in the ``started`` event.
     """
+    if on_code_change not in CODE_POLICIES:
+        raise errors.UsageError(f"unknown --on-code-change policy {on_code_change!r}; choose one "
+                                f"of {', '.join(CODE_POLICIES)}")
     entry = _entry(script)
     func = _scripts.resolve(entry)  # usage errors before anything is stored
     check_call(func, args, entry)
@@ -321,7 +357,7 @@ def start(
     )
     if on_created is not None:
         on_created(run)
-    info: dict[str, Any] = {"pid": os.getpid(), "strategy": strategy}
+    info: dict[str, Any] = {"pid": os.getpid(), "strategy": strategy, "on_code_change": on_code_change}
     if check is not None:
         info["verify"] = check.__name__
     if parent is not None:
@@ -433,7 +469,8 @@ def resume(
     progress: Progress | None = None,
     wait_seconds: float = 0.0,
     retry_failed: bool = False,
-    code: str = "current",
+    code: str | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Continue an unfinished run with its strategy (or ``strategy``).
 
@@ -441,9 +478,12 @@ def resume(
     after it; replay: from the start, serving the whole journal.
     ``retry_failed``: see :func:`retry`.  ``code``: ``current`` (the code as it is
     now; a suspended frame whose code changed is refused) or ``pinned`` (the code the
-    run recorded, if the files differ from it; see :mod:`tcc.runtime._pinning`).
+    run recorded, if the files differ from it; see :mod:`tcc.runtime._pinning`); None:
+    what the run's ``--on-code-change`` policy says (``pinned`` unless set otherwise;
+    ``upgrade`` runs :func:`tcc.runtime.upgrade` first).  ``on_notice(text)`` hears
+    which code the run continues on when its files changed.
     """
-    if code not in CODE_MODES:
+    if code is not None and code not in CODE_MODES:
         raise errors.UsageError(f"unknown code mode {code!r}; choose one of {', '.join(CODE_MODES)}")
     run = store.get_run(run_id)
     if retry_failed and run.status != "failed":
@@ -458,9 +498,14 @@ def resume(
     strategy, _notice = effective_strategy(strategy or run.strategy)
     # Which code the run continues on (a run already on its pinned code stays on it), and
     # the usage errors of loading it, before the claim.
+    code = _code_mode(store, run, strategy, code, on_notice)
     pinned = PinnedCode(store, run_id, None, pin=code == "pinned")
-    if code == "pinned":
+    if code == "pinned" and strategy != "replay":
         _check_pinnable(run, strategy, pinned)
+        if pinned.remap and on_notice is not None:
+            names = ", ".join(_scripts.script_display_name(n) for n in pinned.changed)
+            on_notice(f"run {run_id} continues on the code it recorded ({names} changed since); "
+                      f"`tcc upgrade {run_id}` moves it onto the current code")
     func = _entry_function(run.entry, pinned)
     if is_sync(func):
         strategy = "replay"

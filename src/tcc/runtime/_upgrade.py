@@ -91,6 +91,7 @@ class Plan:
     defaults: list[str] = dataclasses.field(default_factory=list)
     refusals: list[str] = dataclasses.field(default_factory=list)
     written: int | None = None  # the snapshot an upgrade stored
+    nothing_changed: bool = False  # no suspended frame's code changed (a resume needs none)
 
     @property
     def ok(self) -> bool:
@@ -617,6 +618,7 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
                 pending[k] = (gen, mapped)
         plan.frames = list(reversed(frames))  # outermost first
         if not changed:
+            plan.nothing_changed = True
             plan.refusals.append(f"run {run_id}: no suspended frame's code changed; there is "
                                  "nothing to upgrade (`tcc resume` continues it)")
         _fill_defaults([obj, *(rec for _g, rec in pending)], project, plan, apply=not dry_run)

@@ -17,10 +17,11 @@ import time
 from typing import Any, Callable
 
 from .. import errors
-from ..capture import load_payload, unseal
-from ..store import Event, JournalRecord, RunInfo, SnapshotInfo, Store
+from ..capture import PINNED_PREFIX, load_payload, unseal
+from ..store import FINAL_STATUSES, Event, JournalRecord, RunInfo, SnapshotInfo, Store
 from . import _report, _scripts
 from ._outcome import decode_result
+from ._pinning import changed_files, manifest_of, policy_of
 from ._state import RunState, unpack_state
 from ._worker import owner_dead, pending_waits
 
@@ -158,6 +159,19 @@ def _journal_tail(store: Store, run_id: str, calls: int | None) -> tuple[list[Jo
         window *= 4
 
 
+def code_state(events: list[Event], status: str) -> dict[str, Any] | None:
+    """The run's recorded code and whether its files changed since (read, never run):
+    ``{"policy", "modules": {name: {"file", "sha256"}}, "changed": [names], "pinned":
+    whether the run already continues on pinned code}``; None if it recorded none."""
+    manifest = manifest_of(events)
+    if not manifest:
+        return None
+    on_pinned = any(name.startswith(PINNED_PREFIX) for name in list(manifest)[-1:])
+    return {"policy": policy_of(events), "modules": manifest,
+            "changed": changed_files(manifest) if status not in FINAL_STATUSES else [],
+            "pinned": on_pinned}
+
+
 def run_detail(store: Store, run_id: str, *, calls: int | None, show_value: ShowValue) -> RunDetail:
     """The run, its last ``calls`` effect calls (None: all of them), snapshots and events."""
     from ._markers import MARKERS
@@ -217,6 +231,8 @@ def run_detail(store: Store, run_id: str, *, calls: int | None, show_value: Show
         "journal_records": start + len(journal),
         # calls before the listed ones (None: not counted, only the journal's end was read)
         "calls_earlier": len(logical) - shown if whole else None,
+        # the code the run recorded, its --on-code-change policy, and what changed since
+        "code": code_state(events, run.status),
     }
     return RunDetail(doc, run, snapshots, events, error, whole, len(logical), shown)
 
