@@ -160,8 +160,9 @@ def test_a_resume_flushes_once_before_its_first_new_effect(tmp_path: Path) -> No
         kinds = _kinds(store, "r")
     # the second process (stopped at its first new effect) left its claim only: its deferred
     # events went with it; the third process's are all there, in order
-    assert kinds == ["created", "started", "taken_over", "taken_over", "resumed", "in_doubt_reissued",
-                     "completed"], kinds
+    # (``code``: the run's first snapshot recorded its module sources)
+    assert kinds == ["created", "started", "code", "taken_over", "taken_over", "resumed",
+                     "in_doubt_reissued", "completed"], kinds
 
 
 def test_a_fork_resumed_once_is_known_to_have_run_though_its_resumed_event_was_lost(tmp_path: Path) -> None:

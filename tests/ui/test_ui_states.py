@@ -22,7 +22,7 @@ def test_a_resume_that_fails_is_recorded_on_the_run(tmp_path: pathlib.Path) -> N
     script = tmp_path / "agent.py"
     shutil.copy(AGENT, script)
     store = str(tmp_path / "store")
-    out = tcc("run", "--json", "--store", store, f"{script}:gated", "x")
+    out = tcc("run", "--json", "--store", store, "--on-code-change", "refuse", f"{script}:gated", "x")
     run_id = json.loads(out.stdout)["id"]
     tcc("approve", "--store", store, run_id)
     script.write_text(script.read_text().replace('ok = await tcc.approval("Deploy to prod?")',
