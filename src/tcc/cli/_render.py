@@ -276,7 +276,7 @@ def upgrade_plan(plan: Any, *, dry_run: bool, as_json: bool) -> int:
             (f"line {f.old_line}" if f.old_line is not None else "")
         print(f"  {where}: {lines}  at {f.site}".rstrip())
         for label, names in (("kept", f.kept), ("renamed", f.renamed), ("set", f.given),
-                             ("new, assigned before use", f.unbound), ("dropped", f.dropped)):
+                             ("unbound, assigned later", f.unbound), ("dropped", f.dropped)):
             if names:
                 print(f"      {label + ':':<26}{', '.join(names)}")
         if f.stack:

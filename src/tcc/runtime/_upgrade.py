@@ -302,6 +302,22 @@ def _maker(code: types.CodeType, source: _Source, maker: tuple[int, int]) -> tup
     return ins.name, output, text
 
 
+def _slot_words(maker: tuple[str, int, str] | None) -> str:
+    """A stack slot as a reviewer reads it: what pushed it."""
+    if maker is None:
+        return "?"
+    name, output, text = maker
+    if name == "GET_ITER":
+        return f"the iterator of `{text}`"
+    if name in ("BEFORE_WITH", "BEFORE_ASYNC_WITH", "LOAD_SPECIAL"):
+        return f"the exit of `{text}`"
+    if name == "GET_AWAITABLE":
+        return "the awaited call"
+    if output:
+        return "the exception being handled"
+    return f"`{text}` ({name})"
+
+
 def _map_frame(old_code: types.CodeType, old_src: _Source, new_code: types.CodeType,
                new_src: _Source, record: tuple[Any, ...], sets: dict[str, Any],
                renames: dict[str, str], fm: FrameMap) -> tuple[Any, ...] | None:
@@ -356,7 +372,8 @@ def _map_frame(old_code: types.CodeType, old_src: _Source, new_code: types.CodeT
                     f"new code at line {new_site.line} has {then}: the loop, with block or "
                     "expression around the await changed")
                 return None
-        fm.stack = f"{len(stack)} slot(s), same shape" if stack else "empty"
+        fm.stack = ", ".join(_slot_words(_maker(old_code, old_src, m)) for m in old_point.makers) \
+            if stack else "empty"
         start = new_point.start
     renamed_from = {new: old for old, new in renames.items()}
     new_slots: list[Any] = []
@@ -376,7 +393,12 @@ def _map_frame(old_code: types.CodeType, old_src: _Source, new_code: types.CodeT
                     f"is now a {kind} one (a closure started or stopped using it)")
                 return None
             new_slots.append(slots[i])
-            (fm.renamed.append(f"{source_name} -> {name}") if source_name != name else fm.kept.append(name))
+            if source_name != name:
+                fm.renamed.append(f"{source_name} -> {name}")
+            elif slots[i] is NULL_SLOT:
+                fm.unbound.append(name)  # not assigned yet where the frame waits
+            else:
+                fm.kept.append(name)
             continue
         if kind == "free":
             fm.refusals.append(f"{fm.qualname}(): new free variable {name!r} cannot be given")
