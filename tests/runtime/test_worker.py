@@ -123,6 +123,26 @@ def test_worker_logs_why_a_resume_failed(tmp_path):
     """
     ledger = tmp_path / "ledger.txt"
     script = tmp_path / "agent.py"
+    script.write_text(Path(LEDGER_AGENT).read_text() + "\nif os.environ.get('BREAK_IMPORT'):\n"
+                      "    raise RuntimeError('broken at import')\n")
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="10")
+    victim = cli.popen("run", "--run-id", "edited", "--lease", "1", str(script))
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    breaking = Cli(tmp_path, LEDGER=str(ledger), BREAK_IMPORT="1")  # the resume's import fails
+    proc = breaking.run("worker", "--once")
+    assert proc.returncode == 0, proc.stderr
+    failed = [ln for ln in proc.stderr.splitlines() if "run edited exited with" in ln]
+    assert failed and "exited with 0" not in failed[0], proc.stderr
+    assert "tcc: error:" in failed[0] and "broken at import" in failed[0], failed
+
+
+def test_worker_leaves_a_run_whose_code_changed_under_refuse_to_a_person(tmp_path):
+    """Policy refuse: the worker does not resume it again and again, it says once what to do."""
+    ledger = tmp_path / "ledger.txt"
+    script = tmp_path / "agent.py"
     script.write_text(Path(LEDGER_AGENT).read_text())
     cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="10")
     victim = cli.popen("run", "--run-id", "edited", "--lease", "1", "--on-code-change", "refuse",
@@ -134,9 +154,32 @@ def test_worker_logs_why_a_resume_failed(tmp_path):
     script.write_text(script.read_text().replace("STEPS", "STEPS_CHANGED"))  # the code changed
     proc = cli.run("worker", "--once")
     assert proc.returncode == 0, proc.stderr
-    failed = [ln for ln in proc.stderr.splitlines() if "run edited exited with" in ln]
-    assert failed and "exited with 0" not in failed[0], proc.stderr
-    assert "tcc: error:" in failed[0] and "changed" in failed[0], failed
+    said = [ln for ln in proc.stderr.splitlines() if "run edited needs a decision" in ln]
+    assert len(said) == 1 and "tcc upgrade edited" in said[0], proc.stderr
+    assert "resuming edited" not in proc.stderr
+    assert cli.show("edited")["status"] == "running"
+    # decided: the operator continues it on its recorded code
+    done = cli.run("resume", "--code", "pinned", "--json", "edited")
+    assert done.returncode == 0 and json.loads(done.stdout)["status"] == "completed", done.stderr
+
+
+def test_worker_continues_a_run_whose_code_changed_on_its_recorded_code(tmp_path):
+    """The default policy: the worker's resume finishes the run on the code it started with."""
+    ledger = tmp_path / "ledger.txt"
+    script = tmp_path / "agent.py"
+    script.write_text(Path(LEDGER_AGENT).read_text())
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="6")
+    victim = cli.popen("run", "--run-id", "moved", "--lease", "1", str(script))
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    script.write_text(script.read_text().replace("STEPS", "STEPS_CHANGED"))  # broken if it ran
+    proc = cli.run("worker", "--once")
+    assert proc.returncode == 0, proc.stderr
+    doc = cli.show("moved")
+    assert doc["status"] == "completed", proc.stderr
+    assert doc["result"]["steps"] == 6
 
 
 def test_worker_backs_off_a_run_whose_resume_keeps_failing(tmp_path):

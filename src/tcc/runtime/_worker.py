@@ -30,6 +30,8 @@ from typing import Any, Callable, cast
 from .._proc import pid_alive
 from ..errors import RunNotFoundError, StoreConnectionError
 from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
+from ._pinning import changed_files, manifest_of, policy_of
+from ._scripts import script_display_name
 
 BACKOFF_MAX = 300.0  # seconds between resumes of a run whose resumes keep failing
 
@@ -181,6 +183,7 @@ class Worker:
         # failing (a deleted script, changed code) is retried ever more slowly, not every poll
         self.backoff: dict[str, tuple[int, float]] = {}
         self.damaged: set[str] = set()  # runs whose record failed verification (said once)
+        self.waiting_decision: set[str] = set()  # runs whose code changed under refuse (said once)
         self.stopping = False
 
     def stop(self, *_args: Any) -> None:
@@ -235,6 +238,8 @@ class Worker:
             reason = due(self.store, run, now)
             if reason is None:
                 continue
+            if self._undecided(run.run_id):
+                continue
             args = resume_command(self.store, run.run_id, self.command)
             self.log(f"worker: resuming {run.run_id} ({reason})")
             import tempfile  # here: a `tcc resume` imports this module, and never gets here
@@ -246,6 +251,25 @@ class Worker:
             )
             started += 1
         return started
+
+    def _undecided(self, run_id: str) -> bool:
+        """Whether the run's files changed and its policy is ``refuse``: a resume would
+        only be refused again, so the run waits for a person (said once, and in `tcc ls`)."""
+        events = self.store.events(run_id)
+        if policy_of(events) != "refuse":
+            self.waiting_decision.discard(run_id)
+            return False
+        changed = changed_files(manifest_of(events))
+        if not changed:
+            self.waiting_decision.discard(run_id)
+            return False
+        if run_id not in self.waiting_decision:
+            self.waiting_decision.add(run_id)
+            self.log(f"worker: run {run_id} needs a decision: its code changed since it recorded "
+                     f"it ({', '.join(script_display_name(n) for n in changed)}) and its policy is "
+                     f"refuse; `tcc resume --code pinned {run_id}` continues it on that code, "
+                     f"`tcc upgrade {run_id}` moves it onto the new code")
+        return True
 
     def _child_env(self) -> dict[str, str]:
         return resume_env(self.store, self.env)
