@@ -303,3 +303,16 @@ def test_ls_and_show_say_which_runs_code_changed_and_what_a_resume_does(tmp_path
     assert "`tcc resume --code pinned stop`" in shown and "`tcc upgrade stop`" in shown
     code = cli.show("keep")["code"]
     assert code["policy"] == "pinned" and code["changed"] == ["__tcc_script_agent", "helpers"]
+
+
+def test_a_fork_of_a_run_on_pinned_code_resumes_on_it_too(tmp_path):
+    expected = _uninterrupted(tmp_path, "6")
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "base", str(script), "6", after=2)
+    _edit(script)
+    _killed(cli, "base", "base", after=1, command="resume")  # now on its pinned code
+    forked = cli.run("fork", "--json", "--run-id", "twin", "base")
+    assert forked.returncode == 0, forked.stderr
+    assert _result(cli.run("resume", "--json", "twin")) == expected
+    assert _result(cli.run("resume", "--json", "base")) == expected

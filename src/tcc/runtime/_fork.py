@@ -17,7 +17,7 @@ from .. import errors
 from ..capture import code_of, dump_stored, load_payload, slot_names, unseal
 from ..effects import WaitRequest
 from ..store import RunInfo, Store
-from . import _scripts
+from ._pinning import CODE_EVENT, PinnedCode, manifest_of
 from ._state import RunState, pack_state, unpack_state
 
 _NO_ANSWER: Any = object()
@@ -167,7 +167,9 @@ def fork(
     if at is not None and at not in numbers:
         raise errors.UsageError(
             f"run {run_id} has no snapshot {at}; retained: {', '.join(map(str, numbers))}")
-    _scripts.resolve(parent.entry)  # the frames' functions must be importable
+    manifest = manifest_of(store.events(run_id))
+    pinned = PinnedCode(store, run_id, manifest, pin=False)  # a run on pinned code stays on it
+    pinned.entry_module(parent.entry)  # the frames' functions must be importable
     # Everything that can be refused (a local that does not exist, an answer with nothing
     # to replace) is checked on the parent's snapshot, before the fork exists: a refused
     # fork leaves no trace on the parent.
@@ -182,13 +184,16 @@ def fork(
         if sets:
             _setter(sets, answering)(root, records)
 
-    state = unpack_state(load_payload(unseal(payload, authenticated=True),
+    state = unpack_state(load_payload(unseal(payload, authenticated=True), modules=pinned.resolve,
                                       edit=edit if sets or answering else None), run_id, number)
     if answering:
         state = _answered(state, answer, kinds[0] if kinds else ("", None), run_id, at)
     edited = dump_stored(pack_state(state)) if sets or answering else None
     child = store.fork_run(run_id, at, new_run_id=new_run_id)
     try:
+        if manifest:  # the fork's snapshot needs the same code (deferred: with its commit)
+            store.add_event(child.run_id, CODE_EVENT, {"modules": manifest, "forked_from": run_id},
+                            epoch=child.epoch, deferred=edited is not None)
         if edited is not None:
             store.checkpoint(child.run_id, child.epoch, edited)
         if state.resumption[0] == "request" and isinstance(state.resumption[1], WaitRequest):

@@ -135,25 +135,26 @@ def _entry_function(entry: str, pinned: PinnedCode) -> Any:
 
 
 def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
-               on_notice: Callable[[str], None] | None) -> str:
+               on_notice: Callable[[str], None] | None) -> tuple[str, Manifest | None]:
     """``code``, or what the run's policy makes of a change of its files: ``pinned``
     (continue on the recorded code), ``current`` (refuse a changed frame; or, under the
-    ``upgrade`` policy, after moving the run onto the current code)."""
+    ``upgrade`` policy, after moving the run onto the current code); and the run's
+    manifest if it was read (None: read it when needed)."""
     if code is not None:
-        return code
+        return code, None
     if strategy == "replay":
-        return "current"
+        return "current", None
     events = store.events(run.run_id)
     policy, manifest = policy_of(events), manifest_of(events)
     if policy == "refuse" or not manifest:
-        return "current"
+        return "current", manifest
     if policy == "pinned" or not changed_files(manifest):
-        return "pinned"
+        return "pinned", manifest
     from ._upgrade import upgrade  # the upgrade policy: move the run first
 
     plan = upgrade(store, run.run_id)
     if plan.nothing_changed:
-        return "pinned"
+        return "pinned", manifest
     if not plan.ok:
         raise errors.CodeChangedError(
             f"run {run.run_id}: its code changed and its policy is to upgrade it, but the "
@@ -162,7 +163,7 @@ def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
     if on_notice is not None:
         on_notice(f"run {run.run_id} was upgraded onto the current code (snapshot {plan.written}; "
                   "its policy is --on-code-change upgrade)")
-    return "current"
+    return "current", None  # (the upgrade recorded the current code: read it again)
 
 
 def _check_pinnable(run: RunInfo, strategy: str, pinned: PinnedCode) -> None:
@@ -498,8 +499,8 @@ def resume(
     strategy, _notice = effective_strategy(strategy or run.strategy)
     # Which code the run continues on (a run already on its pinned code stays on it), and
     # the usage errors of loading it, before the claim.
-    code = _code_mode(store, run, strategy, code, on_notice)
-    pinned = PinnedCode(store, run_id, None, pin=code == "pinned")
+    code, known = _code_mode(store, run, strategy, code, on_notice)
+    pinned = PinnedCode(store, run_id, known, pin=code == "pinned")
     if code == "pinned" and strategy != "replay":
         _check_pinnable(run, strategy, pinned)
         if pinned.remap and on_notice is not None:
