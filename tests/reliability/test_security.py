@@ -320,7 +320,9 @@ def test_inspect_of_a_snapshot_whose_class_module_is_gone(tmp_path: pathlib.Path
         assert doc["run"] == run_id
     assert not mark.exists()
     cli.run("approve", "lazy", check=True)
-    assert_clear_error(cli.run("resume", "lazy"), "No module named 'tripmod_sec'", codes=(1,))
+    # (on the current code: by default the run would continue on its recorded module)
+    assert_clear_error(cli.run("resume", "--code", "current", "lazy"), "No module named 'tripmod_sec'",
+                       codes=(1,))
     assert cli.show("lazy")["status"] == "waiting"  # the refusal changed nothing
     assert not mark.exists()
 
@@ -331,7 +333,7 @@ def test_resume_when_the_script_no_longer_imports_is_a_clear_error(tmp_path: pat
     (tmp_path / "tripmod_sec.py").unlink()
     shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
     cli.run("approve", "eager", check=True)
-    proc = cli.run("resume", "eager")
+    proc = cli.run("resume", "--code", "current", "eager")
     assert proc.returncode == 1 and not mark.exists()
     assert_clear_error(proc, "tripmod_sec", codes=(1,))
 
