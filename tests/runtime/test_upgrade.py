@@ -265,13 +265,15 @@ async def main():
         out.append(await step(i))
     return out
 """
+# the same await, written the same way, added before the loop
+SECOND = "    i = 100\n    out.append(await step(i))\n"
 
 
 def test_a_second_identical_await_site_is_ambiguous_unless_labelled(tmp_path):
     cli = Cli(tmp_path)
     script = _write(tmp_path, SITES.format(label=""))
     _killed(cli, "amb", script, after=2)
-    script.write_text(SITES.format(label="    out.append(await step(100))\n"))
+    script.write_text(SITES.format(label=SECOND))
     said = _refused(cli, "amb")
     assert "is ambiguous" in said and "tcc.checkpoint" in said, said
 
@@ -279,8 +281,7 @@ def test_a_second_identical_await_site_is_ambiguous_unless_labelled(tmp_path):
     cli2 = Cli(labelled)
     script2 = _write(labelled, SITES.format(label='    await tcc.checkpoint("loop")\n'))
     _killed(cli2, "lab", script2, after=2)
-    script2.write_text(SITES.format(
-        label='    out.append(await step(100))\n    await tcc.checkpoint("loop")\n'))
+    script2.write_text(SITES.format(label=SECOND + '    await tcc.checkpoint("loop")\n'))
     plan = _upgraded(cli2, "lab")
     assert "after checkpoint 'loop'" in plan["frames"][0]["site"]
     assert _result(cli2.run("resume", "--json", "lab")) == [0, 1, 2, 3]
@@ -454,11 +455,84 @@ def test_inspect_after_an_upgrade_shows_the_new_lines(tmp_path):
     assert "code changed" not in shown.stdout
 
 
-def test_nothing_to_upgrade_and_a_call_in_flight_are_refused(tmp_path):
+def test_a_change_off_the_stack_moves_the_run_onto_the_current_code(tmp_path):
+    """Only a helper that no suspended frame runs changed: the upgrade records the current
+    code, and the default policy stops pinning the run."""
+    source = LOOP.replace("        out.append(v)\n", "        out.append(shape(v))\n") + \
+        "\n\ndef shape(v):\n    return v\n"
+    cli = Cli(tmp_path)
+    script = _write(tmp_path, source)
+    _killed(cli, "off", script, after=2)
+    script.write_text(source.replace("    return v\n", "    return -v\n"))
+    proc = cli.run("upgrade", "off")
+    assert proc.returncode == 0 and "no suspended frame's code changed" in proc.stdout, proc.stdout
+    assert cli.show("off")["code"]["changed"] == []
+    got = cli.run("resume", "--json", "off")
+    assert "continues on the code it recorded" not in got.stderr
+    assert _result(got) == [[0, -1, -2, -3, -4, -5], 15]
+
+
+def test_swapped_awaits_of_one_call_map_by_what_they_await(tmp_path):
+    source = """\
+    import tcc
+
+
+    @tcc.effect
+    def step(s):
+        return s.upper()
+
+
+    async def main():
+        x = y = ""
+        x = await step("a")
+        y = await step("b")
+        return [x, y]
+    """
+    cli = Cli(tmp_path)
+    script = _write(tmp_path, source)
+    _killed(cli, "swap", script, after=2)  # waits at step("b")
+    text = textwrap.dedent(source)
+    swapped = text.replace('    x = await step("a")\n    y = await step("b")\n',
+                           '    y = await step("b")\n    x = await step("a")\n')
+    assert swapped != text
+    script.write_text(swapped)
+    plan = _upgraded(cli, "swap")
+    assert (plan["frames"][0]["old_line"], plan["frames"][0]["new_line"]) == (12, 11)
+    # "b" goes to y, and the new code then asks step("a") again (a new call): A, B
+    assert _result(cli.run("resume", "--json", "swap")) == ["A", "B"]
+
+
+def test_a_changed_nested_function_the_run_holds_is_refused(tmp_path):
+    source = """\
+    import tcc
+
+
+    @tcc.effect
+    def step(i):
+        return i
+
+
+    async def main():
+        async def helper(x):
+            r = await step(x)
+            return r
+
+        out = []
+        for i in range(4):
+            out.append(await helper(i))
+        return out
+    """
+    cli = Cli(tmp_path)
+    script = _write(tmp_path, source)
+    _killed(cli, "nest", script, after=2)
+    script.write_text(textwrap.dedent(source).replace("return r\n", "return r * 10\n"))
+    said = _refused(cli, "nest")
+    assert "nested function main.<locals>.helper() changed" in said, said
+
+
+def test_a_call_in_flight_is_refused(tmp_path):
     cli = Cli(tmp_path)
     script = _write(tmp_path, LOOP)
-    _killed(cli, "same", script, after=2)
-    assert "no suspended frame's code changed" in _refused(cli, "same")
 
     inflight = LOOP.replace("def step(i):\n    return i\n",
                             "def step(i):\n    if i == 2:\n        import os, signal\n"

@@ -12,6 +12,7 @@ import typing as _typing
 
 from ._api import dump_payload as dump_payload
 from ._api import dump_stored as dump_stored
+from ._api import check_frame_record as check_frame_record
 from ._api import dumps as dumps
 from ._api import load_payload as load_payload
 from ._api import loads as loads
@@ -83,6 +84,7 @@ __all__ = [
     "SegmentCache",
     "Stub",
     "ViewRepr",
+    "check_frame_record",
     "code_line",
     "code_of",
     "dump_payload",

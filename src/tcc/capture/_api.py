@@ -110,6 +110,12 @@ def _check_record(gen: Any, record: Any) -> tuple[tuple[Any, ...], str, str]:
     return args, name, qualname
 
 
+def check_frame_record(gen: Any, record: Any) -> None:
+    """What a restore checks of one frame record before writing it (the native validator
+    and the flow analysis); CorruptSnapshotError naming what is wrong.  Writes nothing."""
+    _check_record(gen, record)
+
+
 def _write_frames(pending: list[tuple[Any, Any]]) -> None:
     if not pending:
         return

@@ -283,6 +283,9 @@ def upgrade_plan(plan: Any, *, dry_run: bool, as_json: bool) -> int:
             print(f"      {'stack:':<26}{f.stack}")
         for why in f.refusals:
             print(f"      REFUSED: {why}")
+    if plan.nothing_changed:
+        print("  no suspended frame's code changed: the snapshot moves onto the current modules as "
+              "it is, and the run's recorded code becomes the current files")
     for d in plan.defaults:
         print(f"  field {d}")
     for why in plan.refusals:

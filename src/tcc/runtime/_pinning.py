@@ -29,6 +29,7 @@ pinned code until it finishes, whatever later resumes ask.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -97,6 +98,8 @@ def manifest_of(events: Any) -> Manifest:
     for event in events:
         if event.kind != CODE_EVENT:
             continue
+        if event.data.get("reset"):  # an upgrade: the complete code the run runs from here
+            manifest = {}
         modules = event.data.get("modules")
         if not isinstance(modules, dict):
             continue
@@ -114,7 +117,7 @@ def manifest_of(events: Any) -> Manifest:
 def policy_of(events: Any) -> str:
     """The run's ``--on-code-change`` policy, from its ``started`` event."""
     for event in events:
-        if event.kind == "started":
+        if event.kind in ("started", "forked") and "on_code_change" in event.data:
             policy = event.data.get("on_code_change")
             return policy if policy in CODE_POLICIES else DEFAULT_POLICY
     return DEFAULT_POLICY
@@ -155,6 +158,23 @@ _STARTED: float | None = None
 def _in_site_packages(path: str) -> bool:
     parts = path.split(os.sep)
     return "site-packages" in parts or "dist-packages" in parts
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_dirs() -> tuple[str, ...]:
+    """Where the interpreter's own modules live (never the project's, even when a project
+    root contains them: a conda or pixi environment, a root of /)."""
+    import sysconfig
+
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths = sysconfig.get_paths()
+    dirs.update(paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    return tuple(sorted({os.path.realpath(d).rstrip(os.sep) + os.sep for d in dirs if d}))
+
+
+def _outside_project(name: str, real: str) -> bool:
+    return _in_site_packages(real) or real.startswith(_interpreter_dirs()) \
+        or name.partition(".")[0] in getattr(sys, "stdlib_module_names", ())
 
 
 def _code_objects(code: types.CodeType, out: dict[str, set[bytes]]) -> None:
@@ -203,6 +223,9 @@ class CodeRecorder:
         self.store, self.run_id, self.epoch = store, run_id, epoch
         self.root = root.rstrip(os.sep) + os.sep
         self.known = {name: entry.get("sha256") for name, entry in known.items()}
+        # names the run continues on pinned versions of: a current module of that name
+        # loaded here (by a library, importlib) is not the run's code, and is not recorded
+        self.pinned_from = {entry["from"] for entry in known.values() if entry.get("from")}
         self._seen = 0
         self._judged: dict[str, types.ModuleType] = {}
         self._stored: set[str] = set()
@@ -220,6 +243,8 @@ class CodeRecorder:
             if not isinstance(module, types.ModuleType) or self._judged.get(name) is module:
                 continue
             self._judged[name] = module
+            if name in self.pinned_from:
+                continue
             found = self._source_of(name, module)
             if found is None:
                 continue
@@ -258,17 +283,54 @@ class CodeRecorder:
                 or not isinstance(file, str) or not file.endswith(".py"):
             return None
         real = _real_path(file)
-        if not real.startswith(self.root) or _in_site_packages(real):
+        if not real.startswith(self.root) or _outside_project(name, real):
             return None
+        # the path as imported, not resolved: a release switched by a symbolic link
+        # (current -> releases/2) is a change of the file at that path
+        path = os.path.abspath(file)
         try:
-            with open(real, "rb") as f:
+            with open(path, "rb") as f:
                 source = f.read()
                 changed = os.fstat(f.fileno()).st_mtime >= _started()
         except OSError:
-            return real, None, None
+            return path, None, None
         if changed and not _matches(module, source, file):
-            return real, None, None
-        return real, hashlib.sha256(source).hexdigest(), source
+            return path, None, None
+        return path, hashlib.sha256(source).hexdigest(), source
+
+    def reset(self, manifest: Manifest) -> None:
+        """After an upgrade: record the complete code the run runs from now on, in one
+        ``reset`` event: every loaded project module, and every module of ``manifest``
+        (the old code) whose file still exists, as its file is now; no pinned ones."""
+        entries: dict[str, dict[str, str]] = {}
+        sources: dict[str, bytes] = {}
+        for name, entry in manifest.items():
+            original = entry.get("from", name)
+            if original in entries or name.startswith(PINNED_PREFIX) and original in manifest:
+                continue
+            try:
+                with open(entry["file"], "rb") as f:
+                    source = f.read()
+            except OSError:
+                continue  # gone: the new code does not have it
+            digest = hashlib.sha256(source).hexdigest()
+            entries[original] = {"file": entry["file"], "sha256": digest}
+            sources[digest] = source
+        for name, module in list(sys.modules.items()):
+            if isinstance(module, types.ModuleType) and not name.startswith(PINNED_PREFIX):
+                found = self._source_of(name, module)
+                if found is not None and found[1] is not None:
+                    entries[name] = {"file": found[0], "sha256": found[1]}
+                    if found[2] is not None:
+                        sources[found[1]] = found[2]
+        if sources:
+            self.store.put_code(sources)
+        self.known = {name: entry["sha256"] for name, entry in entries.items()}
+        self.pinned_from = set()
+        self._seen = len(sys.modules)
+        self.store.add_event(self.run_id, CODE_EVENT, {"root": self.root.rstrip(os.sep), "reset": True,
+                                                       "modules": entries},
+                             epoch=self.epoch, deferred=True)
 
 
 def _started() -> float:
@@ -373,8 +435,8 @@ class PinnedCode:
             is_package = os.path.basename(file) == "__init__.py"
             module.__file__ = file
             module.__package__ = orig if is_package else orig.rpartition(".")[0]
-            if is_package:
-                module.__path__ = []
+            if is_package:  # a submodule the run never loaded comes from the current files
+                module.__path__ = [os.path.dirname(file)]
             module.__dict__["__tcc_pinned__"] = digest
             module.__dict__["__tcc_pinned_from__"] = orig
             module.__dict__["__builtins__"] = dict(vars(builtins), __import__=self._importer(module))
@@ -412,9 +474,16 @@ class PinnedCode:
             target = chain[-1]
             if fromlist:
                 for item in fromlist:
-                    sub = self._pinned_of(f"{absname}.{item}") if item != "*" else None
-                    if sub is not None and getattr(target, "__tcc_pinned__", None):
+                    if item == "*" or not getattr(target, "__tcc_pinned__", None):
+                        continue
+                    sub = self._pinned_of(f"{absname}.{item}")
+                    if sub is not None:
                         setattr(target, item, self._load(sub))
+                    elif not hasattr(target, item) and hasattr(target, "__path__"):
+                        try:  # a submodule the run never loaded: the current file's
+                            setattr(target, item, importlib.import_module(f"{absname}.{item}"))
+                        except ModuleNotFoundError:
+                            pass  # `from pkg import name`: the usual ImportError follows
                 return target
             return chain[0]
 

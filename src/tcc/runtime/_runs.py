@@ -153,8 +153,6 @@ def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
     from ._upgrade import upgrade  # the upgrade policy: move the run first
 
     plan = upgrade(store, run.run_id)
-    if plan.nothing_changed:
-        return "pinned", manifest
     if not plan.ok:
         raise errors.CodeChangedError(
             f"run {run.run_id}: its code changed and its policy is to upgrade it, but the "
@@ -571,5 +569,7 @@ def resume(
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules, manifest=manifest)
+    if driver.code is not None:  # a current module of a name the run runs pinned is not its code
+        driver.code.pinned_from.update(pinned.remap)
     return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed,
                         retried=retried)

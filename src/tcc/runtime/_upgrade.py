@@ -48,8 +48,8 @@ import types
 from typing import Any
 
 from .. import errors
-from ..capture import (NULL_SLOT, PINNED_PREFIX, dump_stored, fingerprint, flow_instructions,
-                       flow_points, load_payload, slot_names, unseal)
+from ..capture import (NULL_SLOT, PINNED_PREFIX, check_frame_record, dump_stored, fingerprint,
+                       flow_instructions, flow_points, load_payload, slot_names, unseal)
 from ..store import FINAL_STATUSES, Store
 from . import _scripts
 from ._pinning import CodeRecorder, Manifest, manifest_of, project_root
@@ -102,7 +102,7 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return {"run": self.run_id, "snapshot": self.snapshot, "ok": self.ok,
-                "written": self.written, "defaults": self.defaults, "refusals": self.all_refusals(),
+                "written": self.written, "nothing_changed": self.nothing_changed, "defaults": self.defaults, "refusals": self.all_refusals(),
                 "frames": [dataclasses.asdict(f) for f in self.frames]}
 
 
@@ -121,6 +121,7 @@ class _Site:
     label: str | None  # the site's own label (a labelled checkpoint), or its region's
     call: str  # what it awaits ("step", "tcc.approval"), "" if unknown
     own_label: bool
+    expr: str = ""  # the awaited expression, normalised (ast.dump, no positions)
 
 
 def _segment(lines: list[bytes], pos: Any) -> str:
@@ -181,21 +182,22 @@ class _Source:
             key = (pos.lineno or 0, pos.col_offset or 0, pos.end_lineno or 0, pos.end_col_offset or 0) \
                 if pos is not None else (0, 0, 0, 0)
             node = self.nodes.get(key)
-            call = ""
+            call, expr = "", ""
             if isinstance(node, ast.Await):
                 value = node.value
                 call = ast.unparse(value.func if isinstance(value, ast.Call) else value)
+                expr = ast.dump(value)
             elif node is not None:
-                call = "<comprehension>"
+                call, expr = "<comprehension>", ast.dump(node)
             found.append((key, ins.offset // 2, _segment(self.lines, pos), call,
-                          _label_of(node) if node is not None else None))
+                          _label_of(node) if node is not None else None, expr))
         found.sort()
         out: dict[int, _Site] = {}
         region: str | None = None
-        for key, offset, text, call, own in found:
+        for key, offset, text, call, own, expr in found:
             if own is not None:
                 region = own
-            out[offset] = _Site(offset, key[0], text, region, call, own is not None)
+            out[offset] = _Site(offset, key[0], text, region, call, own is not None, expr)
         return out
 
 
@@ -212,13 +214,31 @@ def _describe(site: _Site) -> str:
 
 
 def _match(old: _Site, old_sites: dict[int, _Site], new_sites: dict[int, _Site]) -> tuple[_Site | None, str]:
-    """The new site ``old`` maps to, or None and why not."""
+    """The new site ``old`` maps to, or None and why not.
+
+    First by the awaited expression itself (``step(a)``: its ordinal among the sites
+    awaiting exactly that, in its label); then, if the arguments changed, by the call
+    (``step``) when it is awaited at one site only in both versions; else ambiguous."""
     ident = _identity(old)
     if not old.call:
         return None, (f"the frame is suspended at line {old.line} in something other than an "
                       "`await` expression (async for/with), which tcc does not map")
+    if not old.own_label:
+        exact = (*ident, old.expr)
+        same_old = sorted((s for s in old_sites.values() if (*_identity(s), s.expr) == exact),
+                          key=lambda s: s.offset)
+        same_new = sorted((s for s in new_sites.values() if (*_identity(s), s.expr) == exact),
+                          key=lambda s: s.offset)
+        if same_new and len(same_new) == len(same_old):
+            return same_new[same_old.index(old)], ""
     same_old = sorted((s for s in old_sites.values() if _identity(s) == ident), key=lambda s: s.offset)
     same_new = sorted((s for s in new_sites.values() if _identity(s) == ident), key=lambda s: s.offset)
+    if not old.own_label and len(same_old) > 1 and same_new:
+        return None, (f"the suspension point {_describe(old)} is ambiguous: the old code awaits "
+                      f"{old.call} at {len(same_old)} sites there and the new code at "
+                      f"{len(same_new)}, and not every one of them is written as before, so which "
+                      "one it is cannot be told; name the site with `await tcc.checkpoint(\"label\")` "
+                      "before it in both versions")
     if not same_new:
         return None, (f"the suspension point {_describe(old)} has no counterpart in the new code "
                       f"(no await of {old.call} there"
@@ -349,6 +369,8 @@ def _map_frame(old_code: types.CodeType, old_src: _Source, new_code: types.CodeT
             fm.refusals.append(f"{fm.qualname}(): {why}")
             return None
         fm.new_line = new_site.line
+        if new_site.text != site.text:
+            fm.site += f", now `{new_site.text}`"
         new_offset = new_site.offset
         old_point = flow_points(old_code).get(offset)
         new_point = flow_points(new_code).get(new_offset)
@@ -392,6 +414,14 @@ def _map_frame(old_code: types.CodeType, old_src: _Source, new_code: types.CodeT
                     f"{fm.qualname}(): {source_name!r} was a {_slot_kind(old_code, i)} variable and "
                     f"is now a {kind} one (a closure started or stopped using it)")
                 return None
+            if slots[i] is NULL_SLOT and kind == "local" and start >= 0:
+                line = _read_before_write(flow_instructions(new_code), start, j)
+                if line is not None:  # unassigned where the frame waits, and read first now
+                    fm.refusals.append(
+                        f"{fm.qualname}(): local {name!r} is not assigned where the frame waits, "
+                        f"and the new code reads it at line {line} before assigning it: give it "
+                        f"with --set {name}=JSON")
+                    continue
             new_slots.append(slots[i])
             if source_name != name:
                 fm.renamed.append(f"{source_name} -> {name}")
@@ -474,17 +504,77 @@ def _fill_defaults(roots: list[Any], project: set[str], plan: Plan, apply: bool)
     seen: set[int] = set()
     work = list(roots)
     told: set[tuple[type, str]] = set()
-    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.CodeType,
-            str, bytes, int, float)
+    nested = _NestedCode(project, plan)
+    skip = (type, types.ModuleType, types.BuiltinFunctionType, types.CodeType, str, bytes, int, float)
     while work:
         obj = work.pop()
         if id(obj) in seen or isinstance(obj, skip):
             continue
         seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):  # its closure and defaults, not its module
+            nested.check(obj.__code__, obj.__module__)
+            work.extend(c.cell_contents for c in obj.__closure__ or () if _filled(c))
+            work.extend(obj.__defaults__ or ())
+            continue
+        if isinstance(obj, (types.CoroutineType, types.GeneratorType)):
+            code = obj.cr_code if isinstance(obj, types.CoroutineType) else obj.gi_code
+            frame = obj.cr_frame if isinstance(obj, types.CoroutineType) else obj.gi_frame
+            nested.check(code, frame.f_globals.get("__name__") if frame is not None else None)
+            continue  # its frame's values are in the records, which are roots
         cls = type(obj)
         if cls.__module__ in project or cls.__module__.startswith(PINNED_PREFIX):
             _defaults_of(obj, cls, plan, apply, told)
+        if isinstance(obj, dict) and "__builtins__" in obj and "__name__" in obj:
+            continue  # a module's globals
         work.extend(gc.get_referents(obj))
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+class _NestedCode:
+    """Refuses when the run holds a nested function (a closure, a lambda: captured with
+    its code, as data) or a suspended frame of one, whose code the new source changed:
+    tcc moves module-level functions onto new code, and this one would run old code."""
+
+    def __init__(self, project: set[str], plan: Plan) -> None:
+        self.project, self.plan = project, plan
+        self.compiled: dict[str, dict[str, set[bytes]]] = {}
+        self.told: set[str] = set()
+
+    def check(self, code: types.CodeType, module: Any) -> None:
+        if "<locals>" not in code.co_qualname or not isinstance(module, str) \
+                or module not in self.project or code.co_qualname in self.told:
+            return
+        current = self._codes(module).get(code.co_qualname)
+        if current and fingerprint(code) not in current:
+            self.told.add(code.co_qualname)
+            self.plan.refusals.append(
+                f"nested function {code.co_qualname}() changed, and the run holds it (in a local, "
+                "or a suspended call of it): tcc moves module-level functions onto new code, not "
+                "nested ones, which the run carries with their code; make it a module-level "
+                "function, or let the run finish on its recorded code")
+
+    def _codes(self, module: str) -> dict[str, set[bytes]]:
+        if module not in self.compiled:
+            out: dict[str, set[bytes]] = {}
+            file = getattr(sys.modules.get(module), "__file__", None)
+            try:
+                with open(str(file), "rb") as f:
+                    work = [compile(f.read(), str(file), "exec", dont_inherit=True)]
+            except (OSError, SyntaxError, ValueError):
+                work = []
+            while work:
+                c = work.pop()
+                out.setdefault(c.co_qualname, set()).add(fingerprint(c))
+                work.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+            self.compiled[module] = out
+        return self.compiled[module]
 
 
 def _defaults_of(obj: Any, cls: type, plan: Plan, apply: bool, told: set[tuple[type, str]]) -> None:
@@ -524,12 +614,16 @@ def _defaults_of(obj: Any, cls: type, plan: Plan, apply: bool, told: set[tuple[t
             plan.defaults.append(f"{where}.{name}: its default, on every instance in the state")
             told.add((cls, name))
         if apply:
-            if callable(default) and not hasattr(default, "get_default"):
-                value = default()  # a dataclass default_factory
-            elif hasattr(default, "get_default"):
-                value = default.get_default(call_default_factory=True)
-            else:
-                value = default
+            try:
+                if callable(default) and not hasattr(default, "get_default"):
+                    value = default()  # a dataclass default_factory
+                elif hasattr(default, "get_default"):
+                    value = default.get_default(call_default_factory=True)
+                else:
+                    value = default
+            except Exception as exc:  # noqa: BLE001 - the user's factory: said as a refusal
+                plan.refusals.append(f"the default of {where}.{name} raised {type(exc).__name__}: {exc}")
+                continue
             state[name] = value
 
 
@@ -639,10 +733,19 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
             if mapped is not None:
                 pending[k] = (gen, mapped)
         plan.frames = list(reversed(frames))  # outermost first
-        if not changed:
-            plan.nothing_changed = True
-            plan.refusals.append(f"run {run_id}: no suspended frame's code changed; there is "
-                                 "nothing to upgrade (`tcc resume` continues it)")
+        plan.nothing_changed = not changed  # the snapshot still moves onto the current modules
+        for k, (gen, record) in enumerate(pending):  # what a restore checks, before anything is written
+            fm = frames[k]
+            if fm.changed and not fm.refusals:
+                try:
+                    check_frame_record(gen, record)
+                except errors.RestoreError as exc:
+                    fm.refusals.append(f"{fm.qualname}(): the mapped frame fails validation: {exc}")
+        unused = [f"{o}={n}" for o, n in rename.items()
+                  if not any(f"{o} -> {n}" in f.renamed for f in frames)]
+        if unused:
+            plan.refusals.append(f"--rename {', '.join(unused)}: no changed frame has that old local "
+                                 "and that new one")
         _fill_defaults([obj, *(rec for _g, rec in pending)], project, plan, apply=not dry_run)
         unknown = set(values) - {n for f in plan.frames for n in f.given}
         if unknown:
@@ -669,7 +772,7 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
                 store.journal_length(run_id) != info.journal_len:
             plan.refusals.append(f"run {run_id} moved on while it was being upgraded; try again")
             return plan
-        CodeRecorder(store, run_id, claimed.epoch, project_root(run.entry), manifest).record()
+        CodeRecorder(store, run_id, claimed.epoch, project_root(run.entry), manifest).reset(manifest)
         store.add_event(run_id, UPGRADE_EVENT, {
             "from_snapshot": info.number,
             "frames": [{"function": f.qualname, "old_line": f.old_line, "new_line": f.new_line,
