@@ -316,3 +316,19 @@ def test_a_fork_of_a_run_on_pinned_code_resumes_on_it_too(tmp_path):
     assert forked.returncode == 0, forked.stderr
     assert _result(cli.run("resume", "--json", "twin")) == expected
     assert _result(cli.run("resume", "--json", "base")) == expected
+
+
+def test_a_fork_after_an_edit_is_taken_on_the_recorded_code_and_keeps_the_policy(tmp_path):
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    _killed(cli, "src", str(script), "5", "--on-code-change", "refuse", after=2)
+    _edit(script)
+    forked = cli.run("fork", "--json", "--run-id", "copy", "--set", "out=[7]", "src")
+    assert forked.returncode == 0, forked.stderr
+    forked_event = [e["data"] for e in cli.show("copy")["events"] if e["kind"] == "forked"][0]
+    assert forked_event["on_code_change"] == "refuse"
+    # taken on the recorded code (--set re-took the snapshot there), it continues on it:
+    # out was replaced by [7] where the frame waits (after step 1)
+    assert _result(cli.run("resume", "--json", "copy")) == [7, 12, 23, 34, 45]
+    # the parent, under its refuse policy, waits for a decision
+    assert cli.run("resume", "src").returncode == 1

@@ -17,7 +17,7 @@ from .. import errors
 from ..capture import code_of, dump_stored, load_payload, slot_names, unseal
 from ..effects import WaitRequest
 from ..store import RunInfo, Store
-from ._pinning import CODE_EVENT, PinnedCode, manifest_of
+from ._pinning import CODE_EVENT, PinnedCode, manifest_of, policy_of
 from ._state import RunState, pack_state, unpack_state
 
 _NO_ANSWER: Any = object()
@@ -167,8 +167,10 @@ def fork(
     if at is not None and at not in numbers:
         raise errors.UsageError(
             f"run {run_id} has no snapshot {at}; retained: {', '.join(map(str, numbers))}")
-    manifest = manifest_of(store.events(run_id))
-    pinned = PinnedCode(store, run_id, manifest, pin=False)  # a run on pinned code stays on it
+    events = store.events(run_id)
+    manifest, policy = manifest_of(events), policy_of(events)
+    # the snapshot's frames on the code they were taken in, if the files changed since
+    pinned = PinnedCode(store, run_id, manifest, pin=bool(manifest))
     pinned.entry_module(parent.entry)  # the frames' functions must be importable
     # Everything that can be refused (a local that does not exist, an answer with nothing
     # to replace) is checked on the parent's snapshot, before the fork exists: a refused
@@ -192,7 +194,11 @@ def fork(
     child = store.fork_run(run_id, at, new_run_id=new_run_id)
     try:
         if manifest:  # the fork's snapshot needs the same code (deferred: with its commit)
-            store.add_event(child.run_id, CODE_EVENT, {"modules": manifest, "forked_from": run_id},
+            carried = dict(manifest)
+            if edited is not None:  # re-taken on the pinned modules: it names them
+                carried.update({pname: {**manifest[name], "from": name}
+                                for name, pname in pinned.remap.items()})
+            store.add_event(child.run_id, CODE_EVENT, {"modules": carried, "forked_from": run_id},
                             epoch=child.epoch, deferred=edited is not None)
         if edited is not None:
             store.checkpoint(child.run_id, child.epoch, edited)
@@ -201,6 +207,7 @@ def fork(
             store.add_event(child.run_id, "wait", {"id": req.wait_id, "name": req.name,
                                                    "kind": req.kind, "prompt": req.prompt})
         store.add_event(child.run_id, "forked", {"parent": run_id, "snapshot": at, "set": sorted(sets or {}),
+                                                 "on_code_change": policy,
                                                  **({"answer": True} if answering else {})})
         store.add_event(run_id, "fork", {"child": child.run_id, "snapshot": at})
         store.renew_lease(child.run_id, child.epoch, 0.0)  # resumable at once

@@ -396,7 +396,8 @@ class PinnedCode:
             return self._load(self.remap[name])
         if name.startswith(PINNED_PREFIX):
             return self._load(name)
-        return None
+        pinned = self._pinned_of(name) if self._manifest is not None or self.remap else None
+        return self._load(pinned) if pinned is not None else None  # the run is on pinned code
 
     def entry_module(self, entry: str) -> types.ModuleType:
         """The module of the run's entry: pinned if the run's code is, else the current."""
