@@ -543,3 +543,36 @@ def test_a_call_in_flight_is_refused(tmp_path):
     script.write_text(inflight.replace("total += v\n", "total += v * 2\n"))
     said = _refused(cli, "fly")
     assert "journal record(s) after its newest snapshot" in said, said
+
+
+def test_an_await_in_an_except_clause_whose_exception_type_changed_is_refused(tmp_path):
+    source = """\
+    import tcc
+
+
+    @tcc.effect
+    def step(i):
+        return i
+
+
+    async def main():
+        out = []
+        for i in range(4):
+            try:
+                raise ValueError(i)
+            except ValueError:
+                out.append(await step(i))
+        return out
+    """
+    cli = Cli(tmp_path)
+    script = _write(tmp_path, source)
+    _killed(cli, "exc", script, after=2)
+    text = textwrap.dedent(source)
+    script.write_text(text.replace("raise ValueError(i)", "raise KeyError(i)")
+                      .replace("except ValueError:", "except KeyError:"))
+    said = _refused(cli, "exc")
+    assert "inside `except` clause(s) catching ValueError" in said and "catch KeyError" in said, said
+    # the handler's body alone changed: that maps
+    script.write_text(text.replace("out.append(await step(i))", "out.append(await step(i) * 2)"))
+    _upgraded(cli, "exc")
+    assert _result(cli.run("resume", "--json", "exc")) == [0, 2, 4, 6]

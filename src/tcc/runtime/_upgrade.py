@@ -117,6 +117,7 @@ class _Stop(Exception):
 class _Site:
     offset: int  # code-unit index of the YIELD_VALUE
     line: int
+    col: int
     text: str  # the awaited expression as written
     label: str | None  # the site's own label (a labelled checkpoint), or its region's
     call: str  # what it awaits ("step", "tcc.approval"), "" if unknown
@@ -163,6 +164,7 @@ class _Source:
     def __init__(self, source: bytes) -> None:
         self.lines = source.splitlines(keepends=True)
         self.nodes: dict[tuple[int, int, int, int], ast.AST] = {}
+        self.handlers: list[tuple[tuple[int, int], tuple[int, int], str]] = []
         try:
             tree = ast.parse(source)
         except SyntaxError:
@@ -172,6 +174,16 @@ class _Source:
                 # ast columns count UTF-8 bytes too (as dis positions do)
                 key = (node.lineno, node.col_offset, node.end_lineno or 0, node.end_col_offset or 0)
                 self.nodes[key] = node
+            elif isinstance(node, ast.ExceptHandler):
+                caught = ast.unparse(node.type) if node.type is not None else "(everything)"
+                self.handlers.append(((node.lineno, node.col_offset),
+                                      (node.end_lineno or 0, node.end_col_offset or 0), caught))
+
+    def handlers_around(self, line: int, col: int) -> list[str]:
+        """What the ``except`` clauses enclosing (line, col) catch, outermost first."""
+        at = (line, col)
+        inside = [(start, caught) for start, end, caught in self.handlers if start <= at <= end]
+        return [caught for _start, caught in sorted(inside)]
 
     def sites(self, code: types.CodeType) -> dict[int, _Site]:
         found = []
@@ -197,7 +209,7 @@ class _Source:
         for key, offset, text, call, own, expr in found:
             if own is not None:
                 region = own
-            out[offset] = _Site(offset, key[0], text, region, call, own is not None, expr)
+            out[offset] = _Site(offset, key[0], key[1], text, region, call, own is not None, expr)
         return out
 
 
@@ -369,6 +381,15 @@ def _map_frame(old_code: types.CodeType, old_src: _Source, new_code: types.CodeT
             fm.refusals.append(f"{fm.qualname}(): {why}")
             return None
         fm.new_line = new_site.line
+        caught_was = old_src.handlers_around(site.line, site.col)
+        caught_now = new_src.handlers_around(new_site.line, new_site.col)
+        if caught_was != caught_now:  # the exception being handled is on the stack
+            fm.refusals.append(
+                f"{fm.qualname}(): the await at line {site.line} is inside `except` clause(s) "
+                f"catching {', '.join(caught_was) or 'nothing'}, and at line {new_site.line} the new "
+                f"code's catch {', '.join(caught_now) or 'nothing'}: the exception being handled "
+                "would not match")
+            return None
         if new_site.text != site.text:
             fm.site += f", now `{new_site.text}`"
         new_offset = new_site.offset
