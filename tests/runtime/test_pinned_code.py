@@ -332,3 +332,21 @@ def test_a_fork_after_an_edit_is_taken_on_the_recorded_code_and_keeps_the_policy
     assert _result(cli.run("resume", "--json", "copy")) == [7, 12, 23, 34, 45]
     # the parent, under its refuse policy, waits for a decision
     assert cli.run("resume", "src").returncode == 1
+
+
+def test_a_postgresql_store_of_schema_1_is_migrated_to_hold_code(pg_dsn, tmp_path):
+    """A database an older tcc made (schema 1, no tcc.code) gains the table when opened."""
+    import psycopg
+
+    pg = make_pg_store(pg_dsn, tmp_path / "keys")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE tcc.code")
+        conn.execute("UPDATE tcc.meta SET value = '1' WHERE key = 'schema_version'")
+    src = b"x = 1\n"
+    digest = hashlib.sha256(src).hexdigest()
+    with pg.open() as store:
+        store.put_code({digest: src})
+        assert store.get_code(digest) == src
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        version = conn.execute("SELECT value FROM tcc.meta WHERE key = 'schema_version'").fetchone()
+    assert version == ("2",)
