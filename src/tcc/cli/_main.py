@@ -498,8 +498,8 @@ def _code_flags(store: Any, runs: list[Any]) -> dict[str, str]:
             continue
         try:
             state = code_state(store.events(run.run_id), run.status)
-        except TccError:
-            continue  # a damaged run is said by `tcc show`
+        except Exception:  # noqa: BLE001 - advisory: a damaged trail is said by `tcc show`
+            continue
         if state is not None and state["changed"]:
             flags[run.run_id] = state["policy"]
     return flags

@@ -1299,16 +1299,17 @@ class PgStore:
         checked = _code.check_sources(sources)
         if not checked:
             return
-        rows = [(self.tenant, bytes.fromhex(d),
-                 self.sealer.seal(b"code", self._code_key(d), {"n": len(src)}, {"src": src}))
-                for d, src in checked.items()]
+        digests = [bytes.fromhex(d) for d in checked]
+        records = [self.sealer.seal(b"code", self._code_key(d), {"n": len(src)}, {"src": src})
+                   for d, src in checked.items()]
 
         def op(conn: Any) -> None:
-            with conn.cursor() as cur:
-                cur.executemany("INSERT INTO tcc.code (tenant, digest, record) VALUES (%s, %s, %s) "
-                                "ON CONFLICT DO NOTHING", rows)
+            # one statement (no pipeline: a lost connection is then one clear error)
+            conn.execute("INSERT INTO tcc.code (tenant, digest, record) SELECT %s, d, r FROM "
+                         "unnest(%s::bytea[], %s::bytea[]) AS t(d, r) ON CONFLICT DO NOTHING",
+                         (self.tenant, digests, records))
 
-        self._tx(op, "storing module sources")
+        self._tx(op, "storing module sources", transaction=False)
 
     def get_code(self, digest: str) -> bytes:
         _code.check_digest(digest)
