@@ -848,6 +848,16 @@ def test_unreachable_server_is_one_line(tmp_path, pg_dsn):
 
 
 @pytest.mark.timeout(180)
+def _connected_clients(dsn: str) -> int:
+    """How many other sessions are connected to the database of ``dsn``."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND pid <> pg_backend_pid()").fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_worker_rides_out_a_server_outage(tmp_path):
     """`tcc worker` keeps polling while the database is down, says so once, and resumes the
     run whose approval arrived once the server is back (it used to exit on the first
@@ -863,7 +873,11 @@ def test_worker_rides_out_a_server_outage(tmp_path):
         worker = subprocess.Popen(cli.cmd("worker", "--poll", "0.2"), env=cli.env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            time.sleep(1.0)
+            # the outage must meet the worker's polls, not its start: wait until it is connected
+            deadline = time.monotonic() + 60
+            while not _connected_clients(pg.url) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.5)
             server.kill()
             time.sleep(2.0)  # several polls meet a dead server
             assert worker.poll() is None, "the worker exited when the server went away"

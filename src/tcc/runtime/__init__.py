@@ -31,8 +31,6 @@ from ._views import snapshot_state as snapshot_state
 from ._views import owner_alive as owner_alive
 from ._views import when as when
 from ._fork import fork as fork
-from ._upgrade import Plan as UpgradePlan
-from ._upgrade import upgrade as upgrade
 from ._worker import Worker as Worker
 from ._worker import pending_waits as pending_waits
 from ._worker import start_resume as start_resume
@@ -66,6 +64,8 @@ from ._trace import flush_tracing as flush_tracing
 
 if _typing.TYPE_CHECKING:
     from ._sync import GreenletTask as GreenletTask
+    from ._upgrade import Plan as UpgradePlan
+    from ._upgrade import upgrade as upgrade
 
 __all__ = [
     "Cancellation",
@@ -132,4 +132,9 @@ def __getattr__(name: str) -> object:
         from ._sync import GreenletTask
 
         return GreenletTask
+    # what only `tcc upgrade` (and the upgrade policy) uses: ast, dis and the mapping
+    if name in ("upgrade", "UpgradePlan"):
+        from . import _upgrade
+
+        return _upgrade.upgrade if name == "upgrade" else _upgrade.Plan
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
