@@ -115,6 +115,15 @@ def test_sigterm_stops_a_run_after_its_commit(tmp_path):
     assert done["result"] == [f"did step {i}" for i in range(6)]
 
 
+def _killed_after_two_steps(cli: Cli, ledger: Path, *args: str) -> None:
+    """``tcc run ARGS`` SIGKILLed once its ledger has two lines."""
+    victim = cli.popen(*args)
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+
+
 def test_worker_logs_why_a_resume_failed(tmp_path):
     """A resume the worker starts that fails is logged with the child's error line, not just its code.
 
@@ -126,11 +135,7 @@ def test_worker_logs_why_a_resume_failed(tmp_path):
     script.write_text(Path(LEDGER_AGENT).read_text() + "\nif os.environ.get('BREAK_IMPORT'):\n"
                       "    raise RuntimeError('broken at import')\n")
     cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="10")
-    victim = cli.popen("run", "--run-id", "edited", "--lease", "1", str(script))
-    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
-        time.sleep(0.05)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate()
+    _killed_after_two_steps(cli, ledger, "run", "--run-id", "edited", "--lease", "1", str(script))
     breaking = Cli(tmp_path, LEDGER=str(ledger), BREAK_IMPORT="1")  # the resume's import fails
     proc = breaking.run("worker", "--once")
     assert proc.returncode == 0, proc.stderr
@@ -145,12 +150,8 @@ def test_worker_leaves_a_run_whose_code_changed_under_refuse_to_a_person(tmp_pat
     script = tmp_path / "agent.py"
     script.write_text(Path(LEDGER_AGENT).read_text())
     cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="10")
-    victim = cli.popen("run", "--run-id", "edited", "--lease", "1", "--on-code-change", "refuse",
-                       str(script))
-    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
-        time.sleep(0.05)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate()
+    _killed_after_two_steps(cli, ledger, "run", "--run-id", "edited", "--lease", "1",
+                            "--on-code-change", "refuse", str(script))
     script.write_text(script.read_text().replace("STEPS", "STEPS_CHANGED"))  # the code changed
     proc = cli.run("worker", "--once")
     assert proc.returncode == 0, proc.stderr
@@ -169,11 +170,7 @@ def test_worker_continues_a_run_whose_code_changed_on_its_recorded_code(tmp_path
     script = tmp_path / "agent.py"
     script.write_text(Path(LEDGER_AGENT).read_text())
     cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.1", STEPS="6")
-    victim = cli.popen("run", "--run-id", "moved", "--lease", "1", str(script))
-    while not ledger.exists() or len(ledger.read_text().splitlines()) < 2:
-        time.sleep(0.05)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate()
+    _killed_after_two_steps(cli, ledger, "run", "--run-id", "moved", "--lease", "1", str(script))
     script.write_text(script.read_text().replace("STEPS", "STEPS_CHANGED"))  # broken if it ran
     proc = cli.run("worker", "--once")
     assert proc.returncode == 0, proc.stderr

@@ -46,7 +46,7 @@ from .. import errors
 from ..capture import PINNED_PREFIX, fingerprint
 from ..store import Store
 from . import _scripts
-from ._globals import _real_path
+from ._globals import _in_site_packages, _real_path
 
 __all__ = ["CODE_EVENT", "CODE_MODES", "CODE_POLICIES", "DEFAULT_POLICY", "policy_of", "CodeRecorder", "PinnedCode", "manifest_of", "project_root"]
 
@@ -155,11 +155,6 @@ _IMPORTED = time.time()
 _STARTED: float | None = None
 
 
-def _in_site_packages(path: str) -> bool:
-    parts = path.split(os.sep)
-    return "site-packages" in parts or "dist-packages" in parts
-
-
 @functools.lru_cache(maxsize=1)
 def _interpreter_dirs() -> tuple[str, ...]:
     """Where the interpreter's own modules live (never the project's, even when a project
@@ -177,11 +172,27 @@ def _outside_project(name: str, real: str) -> bool:
         or name.partition(".")[0] in getattr(sys, "stdlib_module_names", ())
 
 
-def _code_objects(code: types.CodeType, out: dict[str, set[bytes]]) -> None:
-    out.setdefault(code.co_qualname, set()).add(fingerprint(code))
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _code_objects(const, out)
+def compiled_codes(source: bytes, file: str) -> list[types.CodeType]:
+    """Every code object ``source`` compiles to (the module's and all nested ones); none if
+    it does not compile."""
+    try:
+        work = [compile(source, file, "exec", dont_inherit=True)]
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    while work:
+        code = work.pop()
+        out.append(code)
+        work.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return out
+
+
+def fingerprints_by_name(source: bytes, file: str) -> dict[str, set[bytes]]:
+    """``{qualname: fingerprints}`` of the code ``source`` compiles to."""
+    out: dict[str, set[bytes]] = {}
+    for code in compiled_codes(source, file):
+        out.setdefault(code.co_qualname, set()).add(fingerprint(code))
+    return out
 
 
 def _loaded_functions(module: types.ModuleType, file: str) -> list[types.FunctionType]:
@@ -206,10 +217,8 @@ def _loaded_functions(module: types.ModuleType, file: str) -> list[types.Functio
 
 def _matches(module: types.ModuleType, source: bytes, file: str) -> bool:
     """Whether ``source`` compiles to the functions ``module`` holds."""
-    try:
-        compiled: dict[str, set[bytes]] = {}
-        _code_objects(compile(source, file, "exec", dont_inherit=True), compiled)
-    except (SyntaxError, ValueError):
+    compiled = fingerprints_by_name(source, file)
+    if not compiled:
         return False
     return all(fingerprint(func.__code__) in compiled.get(func.__code__.co_qualname, ())
                for func in _loaded_functions(module, file))

@@ -52,7 +52,8 @@ from ..capture import (NULL_SLOT, PINNED_PREFIX, check_frame_record, dump_stored
                        flow_instructions, flow_points, load_payload, slot_names, unseal)
 from ..store import FINAL_STATUSES, Store
 from . import _scripts
-from ._pinning import CodeRecorder, Manifest, manifest_of, project_root
+from ._pinning import (CodeRecorder, Manifest, compiled_codes, fingerprints_by_name, manifest_of,
+                       project_root)
 from ._state import pack_state, unpack_state
 
 __all__ = ["FrameMap", "Plan", "upgrade"]
@@ -494,16 +495,8 @@ class _OldCode:
     def _compile(self, digest: str, file: str) -> tuple[_Source, dict[tuple[str, bytes], types.CodeType]]:
         if digest not in self._compiled:
             source = self.store.get_code(digest)
-            codes: dict[tuple[str, bytes], types.CodeType] = {}
-            try:
-                top = compile(source, file, "exec", dont_inherit=True)
-            except SyntaxError:
-                top = None
-            work = [top] if top is not None else []
-            while work:
-                code = work.pop()
-                codes[(code.co_qualname, fingerprint(code))] = code
-                work.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+            codes = {(code.co_qualname, fingerprint(code)): code
+                     for code in compiled_codes(source, file)}
             self._compiled[digest] = (_Source(source), codes)
         return self._compiled[digest]
 
@@ -583,18 +576,12 @@ class _NestedCode:
 
     def _codes(self, module: str) -> dict[str, set[bytes]]:
         if module not in self.compiled:
-            out: dict[str, set[bytes]] = {}
-            file = getattr(sys.modules.get(module), "__file__", None)
+            file = str(getattr(sys.modules.get(module), "__file__", None))
             try:
-                with open(str(file), "rb") as f:
-                    work = [compile(f.read(), str(file), "exec", dont_inherit=True)]
-            except (OSError, SyntaxError, ValueError):
-                work = []
-            while work:
-                c = work.pop()
-                out.setdefault(c.co_qualname, set()).add(fingerprint(c))
-                work.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-            self.compiled[module] = out
+                with open(file, "rb") as f:
+                    self.compiled[module] = fingerprints_by_name(f.read(), file)
+            except OSError:
+                self.compiled[module] = {}
         return self.compiled[module]
 
 
