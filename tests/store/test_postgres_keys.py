@@ -402,7 +402,7 @@ def test_processes_opening_a_fresh_database_together_migrate_it_once(pg_dsn, sec
     assert not any(r["made"] for r in results)
     assert meta(pg_dsn) == {"schema_version": str(SCHEMA_VERSION), "key_check": meta(pg_dsn)["key_check"],
                             "key_id": key_id(key_of(key))}
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
     # six `tcc init`s of one new key file: one makes it, whole, and all use that key
     key = tmp_path / "k2" / "store.key"

@@ -18,7 +18,7 @@ from .. import _version
 from ..errors import TccError, UsageError
 from ..runtime import CODE_POLICIES, STRATEGIES
 from ..store import DURABILITIES, RUN_STATUSES, default_keep
-from . import _render
+from . import _render, _transfer
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +59,7 @@ def _check_args(args: argparse.Namespace) -> None:
         if value == "":
             raise UsageError("a run id cannot be empty")
         if value is not None:  # UsageError naming it; a new id may not start with '-'
-            check_name("run id", value, new=name == "new_run_id" or args.command == "run")
+            check_name("run id", value, new=name == "new_run_id" or args.command in ("run", "submit"))
     if hasattr(args, "tenant"):
         check_name("tenant", args.tenant)
         default_keep()  # a bad $TCC_KEEP is a usage error before any store is opened
@@ -87,8 +87,8 @@ class _OnlyCommand:
         return _Skipped()
 
 
-COMMANDS = ("run", "resume", "retry", "signal", "approve", "reject", "cancel", "fork", "upgrade", "inspect",
-            "worker", "ls", "show", "gc", "init", "ui", "info")
+COMMANDS = ("run", "submit", "resume", "retry", "signal", "approve", "reject", "cancel", "fork", "upgrade", "inspect",
+            "worker", "ls", "show", "gc", "init", "ui", "export", "import", "info")
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -139,6 +139,25 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                           "options go before it)")
     run.set_defaults(handler=_cmd_run)
 
+    submit = sub.add_parser("submit", help="queue a run of SCRIPT[:FUNC] for a worker (`tcc worker`, "
+                            "on any host sharing the store) to start; prints its id")
+    _common(submit)
+    submit.add_argument("--run-id", help="id for the run (default: a new random id); must be new")
+    submit.add_argument("--strategy", default="continuation", choices=STRATEGIES,
+                        help="recovery strategy, as for `tcc run` (default continuation)")
+    submit.add_argument("--checkpoint-every", "--snapshot-every", dest="checkpoint_every", type=int,
+                        default=None, metavar="K", help="snapshot after every K effects (default 1; "
+                        "10 for hybrid)")
+    submit.add_argument("--keep", type=int, default=None, metavar="N",
+                        help="retain the N newest snapshots of this run (default: $TCC_KEEP, else 3)")
+    submit.add_argument("--verify", metavar="FUNC", help="as for `tcc run`")
+    submit.add_argument("--on-code-change", choices=CODE_POLICIES, default="pinned",
+                        help="as for `tcc run` (default pinned)")
+    submit.add_argument("script", metavar="SCRIPT[:FUNC]",
+                        help="the agent script (the workers must see it at this path) and its entry")
+    submit.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to FUNC as strings")
+    submit.set_defaults(handler=_cmd_submit)
+
     resume = sub.add_parser("resume", help="continue an unfinished run from its newest snapshot")
     _common(resume)
     resume.add_argument("--strategy", choices=STRATEGIES,
@@ -155,6 +174,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                         "code under running agents\")")
     resume.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="at a tcc.wait_for/approval, wait this long in-process before parking")
+    # a worker hands the run it claimed at this epoch to the resume it starts
+    resume.add_argument("--claimed-epoch", type=int, default=None, help=argparse.SUPPRESS)
     resume.add_argument("run_id", metavar="RUN_ID")
     resume.set_defaults(handler=_cmd_resume)
 
@@ -231,7 +252,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="supervise the store: resume dead, due and signalled runs")
     _common(worker)
     worker.add_argument("--concurrency", type=int, default=4, metavar="N", help="runs at once (default 4)")
-    worker.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="poll interval (default 1)")
+    worker.add_argument("--poll", type=float, default=None, metavar="SECONDS",
+                        help="poll interval (default 1; 5 on PostgreSQL, where new work wakes the "
+                             "worker at once and the poll is the fallback)")
+    worker.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                        help="the lease of the runs it resumes: a run whose host dies is taken "
+                             "over by another host this long after its last renewal (default 30)")
     worker.add_argument("--once", action="store_true", help="one poll, then wait for the started runs")
     worker.set_defaults(handler=_cmd_worker)
 
@@ -273,6 +299,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                     help="allow a --host other machines can reach (plain HTTP: put TLS in front)")
     ui.set_defaults(handler=_cmd_ui)
 
+    _transfer.add_parsers(sub, _common)  # export, import
     info = sub.add_parser("info", help="show the interpreter tag and native-module status")
     info.set_defaults(handler=_cmd_info, json=False)
     return parser
@@ -323,6 +350,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _render.outcome(outcome, as_json=args.json)
 
 
+def _cmd_submit(args: argparse.Namespace) -> int:
+    import json
+
+    from .. import runtime
+
+    with _open(args, create=True) as store:
+        run = runtime.submit(
+            store, args.script, args.args, run_id=args.run_id, strategy=args.strategy,
+            checkpoint_every=args.checkpoint_every or runtime.default_snapshot_every(args.strategy),
+            verify=args.verify, keep=args.keep, on_code_change=args.on_code_change)
+        if args.json:
+            print(json.dumps({"id": run.run_id, "status": run.status, "entry": run.entry,
+                              "tenant": run.tenant, "store": store.path}))
+        else:
+            print(run.run_id)
+    return 0
+
+
 def _cmd_resume(args: argparse.Namespace) -> int:
     from .. import runtime
 
@@ -334,6 +379,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             lease=args.lease, steal=args.steal, progress=_render.progress_printer(),
             wait_seconds=args.wait, code=args.code,
             on_notice=lambda text: print(f"tcc: note: {_render.clean(text)}", file=sys.stderr),
+            claimed_epoch=args.claimed_epoch,
         )
         return _render.outcome(outcome, as_json=args.json)
 
@@ -469,8 +515,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             print(f"tcc worker: there was no store at {_render.clean(path)}, so an empty one was created; "
                   "waiting for runs there (if you expected runs, check --store and $TCC_STORE)",
                   file=sys.stderr, flush=True)
+        poll = args.poll if args.poll is not None else 5.0 if is_postgres_url(path) else 1.0
         worker = runtime.Worker(
-            store, concurrency=args.concurrency, poll=args.poll,
+            store, concurrency=args.concurrency, poll=poll, lease=args.lease,
             log=lambda msg: print(_render.clean(msg), file=sys.stderr, flush=True),
         )
         return worker.serve(once=args.once)

@@ -124,17 +124,29 @@ def run_list(runs: list[RunInfo], *, as_json: bool, code: dict[str, str] | None 
         print(json.dumps([
             {"id": r.run_id, "status": r.status, "entry": r.entry, "strategy": r.strategy,
              "created": r.created, "updated": r.updated, "epoch": r.epoch,
-             "code_changed": code.get(r.run_id)}
+             "owner": {"host": r.owner_host, "pid": r.owner_pid, "lease_expiry": r.lease_expiry},
+             "held": _held(r), "code_changed": code.get(r.run_id)}
             for r in runs
         ]))
         return
     if not runs:
         print("no runs")
         return
-    print(f"{'ID':<34} {'STATUS':<10} {'UPDATED':<19}  ENTRY")
+    print(f"{'ID':<34} {'STATUS':<10} {'UPDATED':<19}  {'HOST':<16} ENTRY")
     for r in sorted(runs, key=lambda r: r.created):
         flag = f"  [{_CODE_FLAG[code[r.run_id]]}]" if r.run_id in code else ""
-        print(f"{clean(r.run_id):<34} {clean(r.status):<10} {_when(r.updated):<19}  {clean(r.entry)}{flag}")
+        host = clean(r.owner_host) if _held(r) else "-"
+        print(f"{clean(r.run_id):<34} {clean(r.status):<10} {_when(r.updated):<19}  {host:<16} "
+              f"{clean(r.entry)}{flag}")
+
+
+def _held(run: RunInfo) -> bool:
+    """Whether a process holds the run now (its lease runs): then its host owns it."""
+    import time
+
+    from ..store import LIVE_STATUSES
+
+    return run.status in LIVE_STATUSES and run.lease_expiry > time.time()
 
 
 def delivered(run_id: str, wait_id: str, *, as_json: bool) -> None:

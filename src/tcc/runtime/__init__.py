@@ -23,6 +23,7 @@ from ._runs import retry as retry
 from ._runs import reusable_run as reusable_run
 from ._runs import send_signal as send_signal
 from ._runs import start as start
+from ._runs import submit as submit
 from ._views import RunDetail as RunDetail
 from ._views import SnapshotView as SnapshotView
 from ._views import code_state as code_state
@@ -66,10 +67,19 @@ if _typing.TYPE_CHECKING:
     from ._sync import GreenletTask as GreenletTask
     from ._upgrade import Plan as UpgradePlan
     from ._upgrade import upgrade as upgrade
+    from ._transfer import TRANSFER_KEY_ENV as TRANSFER_KEY_ENV
+    from ._transfer import Exported as Exported
+    from ._transfer import Imported as Imported
+    from ._transfer import export_run as export_run
+    from ._transfer import import_run as import_run
+    from ._transfer import make_transfer_key as make_transfer_key
+    from ._transfer import read_transfer_key as read_transfer_key
 
 __all__ = [
     "Cancellation",
     "Driver",
+    "Exported",
+    "Imported",
     "GreenletTask",
     "HYBRID_EVERY",
     "Intent",
@@ -84,6 +94,7 @@ __all__ = [
     "STATE_TAG",
     "STOP",
     "STRATEGIES",
+    "TRANSFER_KEY_ENV",
     "SnapshotView",
     "WAIT_EFFECT",
     "Worker",
@@ -95,6 +106,7 @@ __all__ = [
     "describe_entry",
     "entry_of",
     "error_line",
+    "export_run",
     "forgotten_await",
     "flush_tracing",
     "fork",
@@ -102,10 +114,13 @@ __all__ = [
     "CODE_POLICIES",
     "upgrade",
     "UpgradePlan",
+    "import_run",
     "is_module_entry",
     "load_script",
+    "make_transfer_key",
     "owner_alive",
     "pending_waits",
+    "read_transfer_key",
     "resume",
     "retry",
     "reusable_run",
@@ -119,11 +134,16 @@ __all__ = [
     "split_entry",
     "start",
     "start_resume",
+    "submit",
     "traceback_lines",
     "unpack_state",
     "unsupported_await",
     "when",
 ]
+
+
+_TRANSFER_NAMES = ("TRANSFER_KEY_ENV", "Exported", "Imported", "export_run", "import_run",
+                   "make_transfer_key", "read_transfer_key")
 
 
 def __getattr__(name: str) -> object:
@@ -137,4 +157,9 @@ def __getattr__(name: str) -> object:
         from . import _upgrade
 
         return _upgrade.upgrade if name == "upgrade" else _upgrade.Plan
+    # what only `tcc export`/`tcc import` use (zstandard, the file format)
+    if name in _TRANSFER_NAMES:
+        from . import _transfer
+
+        return getattr(_transfer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -280,7 +280,9 @@ class Driver:
         if self.snapshots:
             self.snapshot(coro, ("request", req), None)
         self.store.add_event(self.run_id, "parked", {"status": status, **info}, epoch=self.epoch)
-        self.store.set_status(self.run_id, self.epoch, status)
+        until = info.get("until") if status == "sleeping" else None
+        self.store.set_status(self.run_id, self.epoch, status,
+                              wake=float(until) if isinstance(until, (int, float)) else None)
         raise Parked(status, info)
 
     def _parked(self, parked: Parked) -> Outcome:

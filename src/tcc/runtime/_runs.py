@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 from .. import errors
 from ..capture import load_payload, native_available, set_process_modules, unseal
-from ..store import (FINAL_STATUSES, FINISHED_STATUSES, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
+from ..store import (FINAL_STATUSES, FINISHED_STATUSES, HOST, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
                      Store)
 from . import _scripts
 from ._globals import ModuleState
@@ -352,7 +352,7 @@ def start(
     label = strategy_label(strategy, checkpoint_every)
     run = store.create_run(
         entry, json.dumps(list(args)).encode(), strategy=label, run_id=run_id, lease=lease,
-        **({"keep": keep} if keep is not None else {}),
+        keep=keep, spawned_by=parent,
     )
     if on_created is not None:
         on_created(run)
@@ -383,6 +383,56 @@ def start(
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules)
     return driver.drive(coro)
+
+
+def submit(
+    store: Store,
+    script: str | Callable[..., Any],
+    args: Sequence[Any] = (),
+    *,
+    run_id: str | None = None,
+    strategy: str = "continuation",
+    checkpoint_every: int = 1,
+    verify: str | None = None,
+    keep: int | None = None,
+    on_code_change: str = DEFAULT_POLICY,
+) -> RunInfo:
+    """``tcc submit``: create a run of ``script`` in status ``queued`` for a worker (on any
+    host that shares the store) to start; return it at once.
+
+    The script is imported here, as :func:`start` does, so that a wrong entry, arguments
+    it cannot take or an unknown ``verify`` are refused now rather than by a worker later;
+    the workers must see the script at the same path.  The options are :func:`start`'s and
+    are recorded in a ``submitted`` event; the worker's ``tcc resume`` starts the run
+    with them (a ``started`` event)."""
+    if on_code_change not in CODE_POLICIES:
+        raise errors.UsageError(f"unknown --on-code-change policy {on_code_change!r}; choose one "
+                                f"of {', '.join(CODE_POLICIES)}")
+    entry = _entry(script)
+    func = _scripts.resolve(entry)
+    check_call(func, args, entry)
+    check = _verify_func(entry, verify)
+    if is_sync(func):
+        strategy = "replay"
+    strategy, _notice = effective_strategy(strategy)
+    info: dict[str, Any] = {"pid": os.getpid(), "host": HOST, "strategy": strategy,
+                            "on_code_change": on_code_change}
+    if check is not None:
+        info["verify"] = check.__name__
+    run = store.create_run(
+        entry, json.dumps(list(args)).encode(), strategy=strategy_label(strategy, checkpoint_every),
+        run_id=run_id, queued=True, keep=keep)
+    store.add_event(run.run_id, "submitted", info)
+    return run
+
+
+def _submitted(store: Store, run_id: str) -> dict[str, Any]:
+    """The options a queued run was submitted with (its ``submitted`` event)."""
+    for event in store.events(run_id):
+        if event.kind == "submitted":
+            return {k: v for k, v in event.data.items()
+                    if k in ("strategy", "on_code_change", "verify")}
+    return {}
 
 
 def retry(store: Store, run_id: str, **options: Any) -> Outcome:
@@ -470,8 +520,10 @@ def resume(
     retry_failed: bool = False,
     code: str | None = None,
     on_notice: Callable[[str], None] | None = None,
+    claimed_epoch: int | None = None,
 ) -> Outcome:
-    """Continue an unfinished run with its strategy (or ``strategy``).
+    """Continue an unfinished run with its strategy (or ``strategy``); start a ``queued``
+    one (``tcc submit``).
 
     continuation/hybrid: from the newest good snapshot, serving the journal
     after it; replay: from the start, serving the whole journal.
@@ -480,7 +532,9 @@ def resume(
     run recorded, if the files differ from it; see :mod:`tcc.runtime._pinning`); None:
     what the run's ``--on-code-change`` policy says (``pinned`` unless set otherwise;
     ``upgrade`` runs :func:`tcc.runtime.upgrade` first).  ``on_notice(text)`` hears
-    which code the run continues on when its files changed.
+    which code the run continues on when its files changed.  ``claimed_epoch``: the worker
+    that started this process claimed the run at that epoch and hands it over (see
+    :meth:`tcc.store.Store.claim_run`, ``expect_epoch``).
     """
     if code is not None and code not in CODE_MODES:
         raise errors.UsageError(f"unknown code mode {code!r}; choose one of {', '.join(CODE_MODES)}")
@@ -512,8 +566,9 @@ def resume(
     # a call in flight; a parked or failed run recorded its status after its last call,
     # and a fork that was never resumed has issued nothing of its own.
     crashed = run.status == "running"
+    queued = run.status == "queued"
     try:
-        run = store.claim_run(run_id, lease=lease, steal=steal)
+        run = store.claim_run(run_id, lease=lease, steal=steal, expect_epoch=claimed_epoch)
     except errors.FencedError:
         # Another process finished the run since it was read above: the same
         # answer (and exit code) as when this process saw it finished.
@@ -523,6 +578,9 @@ def resume(
                 f"run {run_id} is already {status}; there is nothing to resume") from None
         raise
 
+    if queued:  # a submitted run starts here, with the options it was submitted with
+        store.add_event(run_id, "started", {**_submitted(store, run_id), "pid": os.getpid(),
+                                            "queued": True})
     verify_name, executed, retried, manifest = _history(store, run_id, run.epoch)  # (before this claim)
     crashed = crashed and executed
     if pinned.active:  # the journal's values name the run's modules too

@@ -3,6 +3,7 @@
 Every poll it looks at the tenant's unfinished runs and resumes, each in its
 own ``tcc resume`` subprocess (at most ``concurrency`` at once):
 
+* ``queued`` runs (``tcc submit``), in the order they were submitted;
 * ``running`` runs whose owner is dead -- its process is gone from this host,
   or its lease expired without a heartbeat (a dead-man switch);
 * ``sleeping`` runs whose wake time has come;
@@ -11,6 +12,14 @@ own ``tcc resume`` subprocess (at most ``concurrency`` at once):
 
 A run whose resume fails (exit code not 0) is retried after 1 s (or the poll
 interval), then 2, 4, ... up to 5 minutes, instead of at every poll.
+
+On a PostgreSQL store the worker is one of a fleet: it does not list the runs
+but claims due ones (``Store.claim_due``: ``FOR UPDATE SKIP LOCKED``, the exact
+rule below checked for each candidate, epoch + 1) and hands each claim to its
+``tcc resume`` (``--claimed-epoch``); between polls it sleeps until a
+notification of new work (``LISTEN``), a child's exit, or the next time a run
+becomes due, and polls every ``poll`` seconds in any case (notifications are
+lost while the listening connection is down).
 
 Every takeover increments the run's epoch, so a zombie owner that wakes up
 later is fenced and cannot commit.  On SIGTERM the worker stops starting runs,
@@ -82,6 +91,8 @@ def owner_dead(run: RunInfo, now: float) -> bool:
 
 def due(store: Store, run: RunInfo, now: float) -> str | None:
     """Why the worker should resume ``run`` now, or None."""
+    if run.status == "queued":  # unless a worker's resume holds it (its lease runs)
+        return "submitted" if owner_dead(run, now) else None
     if run.status == "running":
         return "owner dead" if owner_dead(run, now) else None
     if run.status == "sleeping":
@@ -100,13 +111,17 @@ def due(store: Store, run: RunInfo, now: float) -> str | None:
     return None
 
 
-def resume_command(store: Store, run_id: str, command: list[str] | None = None) -> list[str]:
+def resume_command(store: Store, run_id: str, command: list[str] | None = None, *,
+                   claimed_epoch: int | None = None, lease: float | None = None) -> list[str]:
     """The command line of a ``tcc resume`` of ``run_id`` in its own process.
 
     "--" before the run id, and --tenant=: a run id or tenant starting with "-" (older tcc
     allowed one; "-h" printed help and exited 0 every poll) is never read as an option."""
     base = command or [sys.executable, "-m", "tcc"]
-    return [*base, "resume", f"--tenant={store.tenant}", "--", run_id]
+    extra = [f"--claimed-epoch={claimed_epoch}"] if claimed_epoch is not None else []
+    if lease is not None:
+        extra.append(f"--lease={lease:g}")
+    return [*base, "resume", f"--tenant={store.tenant}", *extra, "--", run_id]
 
 
 def resume_env(store: Store, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -127,6 +142,9 @@ def not_due_reason(store: Store, run: RunInfo, now: float) -> str:
     if run.status == "sleeping":
         until = wake_time(store, run.run_id) or now
         return f"run {run.run_id} sleeps for another {until - now:.0f} s; it resumes when that is over"
+    if run.status == "queued":
+        return (f"run {run.run_id} is queued and a worker ({run.owner_host}:{run.owner_pid}) is "
+                "starting it")
     waits = pending_waits(store, run.run_id)
     if waits:
         what = ", ".join(f"{w.get('kind', 'signal')} {w['id']}" for w in waits)
@@ -170,10 +188,16 @@ class Worker:
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
         log: Callable[[str], None] = print,
+        lease: float = 30.0,
     ) -> None:
         self.store = store
         self.concurrency = max(1, concurrency)
         self.poll = poll
+        self.lease = lease
+        # a store that hands out due runs to a fleet of workers (PostgreSQL)
+        self.fleet = callable(getattr(store, "claim_due", None))
+        self.audited = False  # a fleet worker lists every run once, to report damaged ones
+        self.listener: Any = None
         self.command = command or [sys.executable, "-m", "tcc"]
         self.env = env
         self.log = log
@@ -220,15 +244,16 @@ class Worker:
     def tick(self) -> int:
         """One poll: start resumes for due runs; return how many were started."""
         self._reap()
+        if self.fleet:
+            return self._claim_tick()
         started = 0
         now = time.time()
         damaged: list[tuple[str, str]] = []
         runs = self.store.list_runs(damaged=damaged)
-        for run_id, why in damaged:  # the other runs are served; this one needs a person
-            if run_id not in self.damaged:
-                self.damaged.add(run_id)
-                self.log(f"worker: skipping run {run_id}: {why}")
-        for run in sorted(runs, key=lambda r: r.updated):
+        self._say_damaged(damaged)
+        # queued runs in the order they were submitted, after the runs already under way
+        for run in sorted(runs, key=lambda r: (r.status == "queued", r.created if r.status == "queued"
+                                               else r.updated, r.run_id)):
             if self.stopping or len(self.children) >= self.concurrency:
                 break
             if run.run_id in self.children or run.status not in LIVE_STATUSES:
@@ -240,17 +265,88 @@ class Worker:
                 continue
             if self._undecided(run.run_id):
                 continue
-            args = resume_command(self.store, run.run_id, self.command)
-            self.log(f"worker: resuming {run.run_id} ({reason})")
-            import tempfile  # here: a `tcc resume` imports this module, and never gets here
-
-            err = tempfile.TemporaryFile()
-            self.errs[run.run_id] = err
-            self.children[run.run_id] = subprocess.Popen(
-                args, env=self._child_env(), stdout=subprocess.DEVNULL, stderr=err
-            )
+            self._start(run.run_id, reason)
             started += 1
         return started
+
+    def _say_damaged(self, damaged: list[tuple[str, str]]) -> None:
+        for run_id, why in damaged:  # the other runs are served; this one needs a person
+            if run_id not in self.damaged:
+                self.damaged.add(run_id)
+                self.log(f"worker: skipping run {run_id}: {why}")
+
+    def _claim_tick(self) -> int:
+        """One poll of a fleet store: claim due runs (each checked by :func:`due`) and hand
+        each to a resume of its own."""
+        if not self.audited:  # once, at start: damage in runs that are not due is said too
+            damaged: list[tuple[str, str]] = []
+            self.store.list_runs(damaged=damaged)
+            self._say_damaged(damaged)
+            self.audited = True
+        free = self.concurrency - len(self.children)
+        if self.stopping or free <= 0:
+            return 0
+
+        def check(run: RunInfo) -> tuple[str, Any]:
+            now = time.time()
+            if run.run_id in self.children or self.backoff.get(run.run_id, (0, 0.0))[1] > now:
+                return ("skip", None)
+            reason = due(self.store, run, now)
+            if reason is None:  # not due after all: when it will be, if by time
+                return ("later", wake_time(self.store, run.run_id) if run.status == "sleeping"
+                        else None)
+            if self._undecided(run.run_id):
+                return ("skip", None)
+            return ("claim", reason)
+
+        claim_due = cast(Any, self.store).claim_due
+        damaged = []
+        claimed = claim_due(free, lease=self.lease, check=check,
+                            exclude=[*self.children, *self.damaged], damaged=damaged)
+        self._say_damaged(damaged)
+        for run, reason in claimed:
+            self._start(run.run_id, reason, claimed_epoch=run.epoch)
+        return len(claimed)
+
+    def _start(self, run_id: str, reason: str, *, claimed_epoch: int | None = None) -> None:
+        args = resume_command(self.store, run_id, self.command, claimed_epoch=claimed_epoch,
+                              lease=self.lease)
+        self.log(f"worker: resuming {run_id} ({reason})")
+        import tempfile  # here: a `tcc resume` imports this module, and never gets here
+
+        err = tempfile.TemporaryFile()
+        self.errs[run_id] = err
+        self.children[run_id] = subprocess.Popen(
+            args, env=self._child_env(), stdout=subprocess.DEVNULL, stderr=err
+        )
+
+    def _idle(self) -> None:
+        """Wait for the next poll: ``poll`` seconds at most; on a fleet store less, until a
+        notification of new work, a child's exit, or the next time a run becomes due."""
+        timeout = self.poll
+        if self.fleet:
+            try:
+                soon = cast(Any, self.store).next_due()
+            except StoreConnectionError:
+                soon = None
+            if soon is not None and soon > 0:
+                timeout = min(timeout, soon + 0.02)
+        deadline = time.monotonic() + timeout
+        running = len(self.children)
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # short steps: a SIGTERM is noticed within 0.5 s (an interrupted select or
+            # sleep carries on with its timeout), a child's exit within 0.1 s
+            step = min(left, 0.1 if running else 0.5)
+            if self.listener is not None:
+                if self.listener.wait(step):
+                    return
+            else:
+                time.sleep(step)
+            if running and any(p.poll() is not None for p in self.children.values()):
+                return  # a slot is free: look for more work now
 
     def _undecided(self, run_id: str) -> bool:
         """Whether the run's files changed and its policy is ``refuse``: a resume would
@@ -277,6 +373,11 @@ class Worker:
     def serve(self, *, once: bool = False) -> int:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        if self.fleet and not once:  # listening before the first poll: no work slips between
+            self.listener = cast(Any, self.store).listener()
+            listening = self.listener.start()
+            self.log(f"worker: host {HOST}, {'listening for new work' if listening else 'polling'} "
+                     f"on {self.store.path} (tenant {self.store.tenant}; polls every {self.poll:g} s)")
         unreachable = False
         while not self.stopping:
             try:
@@ -299,7 +400,9 @@ class Worker:
                     self._finished(run_id, proc.returncode)
                 self.children.clear()
                 break
-            time.sleep(self.poll)
+            self._idle()
+        if self.listener is not None:
+            self.listener.close()
         for proc in self.children.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # they stop after their current commit

@@ -18,6 +18,7 @@ Value conventions (the same for every backend):
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
@@ -43,13 +44,16 @@ __all__ = [
     "StoreDamageWarning",
 ]
 
-RunStatus = Literal["running", "waiting", "sleeping", "completed", "unverified", "failed", "cancelled"]
-#: Every run status, in lifecycle order.  ``unverified``: the run returned, but its
-#: verify check did not pass.
+RunStatus = Literal["queued", "running", "waiting", "sleeping", "completed", "unverified", "failed",
+                    "cancelled"]
+#: Every run status, in lifecycle order.  ``queued``: submitted (``tcc submit``), not
+#: started yet: a worker starts it.  ``unverified``: the run returned, but its verify check
+#: did not pass.
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
-#: The run has not ended: its owner is executing it (``running``), or it is parked
-#: until a signal (``waiting``) or a time (``sleeping``) and will be resumed.
-LIVE_STATUSES: tuple[RunStatus, ...] = ("running", "waiting", "sleeping")
+#: The run has not ended: it waits for a worker to start it (``queued``), its owner is
+#: executing it (``running``), or it is parked until a signal (``waiting``) or a time
+#: (``sleeping``) and will be resumed.
+LIVE_STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting", "sleeping")
 #: The live statuses of a run parked until a signal or a time (a worker resumes it).
 PARKED_STATUSES: tuple[RunStatus, ...] = ("waiting", "sleeping")
 #: The run has ended: nothing resumes it by itself (``tcc resume`` may retry a
@@ -68,8 +72,11 @@ Durability = Literal["sync", "group", "none"]
 DURABILITIES: tuple[Durability, ...] = get_args(Durability)
 
 #: This machine's name as run records give it (:attr:`RunInfo.owner_host`): an
-#: owner on this host can be checked for being alive by its pid.
-HOST = socket.gethostname()
+#: owner on this host can be checked for being alive by its pid.  ``$TCC_HOST_ID``
+#: overrides it: two hosts must never share an identity (a worker would take a live run
+#: from the other at once, its pid being unknown here), and tests run several "hosts"
+#: on one machine with it.
+HOST = os.environ.get("TCC_HOST_ID") or socket.gethostname()
 
 
 class StoreDamageWarning(UserWarning):
@@ -243,9 +250,16 @@ class Store(Protocol):
         run_id: str | None = None,
         lease: float = 30.0,
         keep: int | None = None,
+        queued: bool = False,
+        spawned_by: str | None = None,
     ) -> RunInfo:
         """Create a run owned by this process: epoch 1, status ``running``, lease
         ``lease`` seconds from now, and a ``created`` event, in one transaction.
+
+        ``queued`` (``tcc submit``): status ``queued`` and no lease instead, for a worker
+        to start; workers are told at once
+        where the store can (PostgreSQL: NOTIFY).  ``spawned_by``: the run whose ``tcc.spawn`` created this one;
+        when this run finishes, that run is made due (its worker looks at it).
 
         ``run_id`` (default: a new random id) must be new: StoreError if the
         tenant has a run of that id, StoreCorruptError if records of a run of
@@ -269,7 +283,8 @@ class Store(Protocol):
         """
         ...
 
-    def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False) -> RunInfo:
+    def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False,
+                  expect_epoch: int | None = None) -> RunInfo:
         """Make this process the run's owner: epoch + 1, so every older writer is fenced.
 
         In one transaction: refused with FencedError if the run's status is
@@ -278,6 +293,10 @@ class Store(Protocol):
         gone counts as dead), unless ``steal``.  Records a ``taken_over`` event
         (``reclaimed`` if this process owned it).  Each call moves the epoch
         on: use the returned epoch for the run's writes.
+
+        ``expect_epoch``: a hand-over from the process that claimed the run at that
+        epoch (a worker to the ``tcc resume`` it started): taken whoever owns it, but
+        FencedError unless the run is still at that epoch.
         """
         ...
 
@@ -304,11 +323,13 @@ class Store(Protocol):
         *,
         result: bytes | None = None,
         error: bytes | None = None,
+        wake: float | None = None,
     ) -> RunInfo:
         """Fenced: change the status (one of :data:`RUN_STATUSES`, else ValueError),
         record ``result``/``error`` if given, and add an event named after the
         status, in one transaction.  After a final status every fenced write
-        of the run raises FencedError."""
+        of the run raises FencedError.  ``wake``: for ``sleeping``, when the run is due
+        (the PostgreSQL store hands it to a worker then)."""
         ...
 
     def fork_run(

@@ -130,12 +130,17 @@ class LmdbStore:
         run_id: str | None = None,
         lease: float = 30.0,
         keep: int | None = None,
+        queued: bool = False,
+        spawned_by: str | None = None,
     ) -> RunInfo:
-        """Create a run owned by this process: epoch 1, status ``running``.
+        """Create a run owned by this process: epoch 1, status ``running`` (``queued``:
+        status ``queued`` and no lease, for a worker to start).
 
-        ``keep``: the run's own snapshot retention (default: the store's)."""
+        ``keep``: the run's own snapshot retention (default: the store's).  ``spawned_by``
+        is accepted for the interface: the worker of an LMDB store reads a parent's wait
+        from its events."""
         return _runs.create_run(self._scope, entry, args, strategy=strategy, run_id=run_id,
-                                lease=lease, keep=keep)
+                                lease=lease, keep=keep, queued=queued)
 
     def get_run(self, run_id: str) -> RunInfo:
         """The run, or RunNotFoundError (also for other tenants' runs)."""
@@ -151,13 +156,16 @@ class LmdbStore:
         """
         return _runs.list_runs(self._scope, status, damaged)
 
-    def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False) -> RunInfo:
+    def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False,
+                  expect_epoch: int | None = None) -> RunInfo:
         """Take ownership: epoch + 1, owner = this process, so older writers are fenced.
 
         Refused (FencedError) while another live owner's lease runs, unless
         ``steal``.  An owner on this host whose pid is gone counts as dead.
+        ``expect_epoch``: a hand-over (see :meth:`tcc.store.Store.claim_run`).
         """
-        return _runs.claim_run(self._scope, run_id, lease=lease, steal=steal)
+        return _runs.claim_run(self._scope, run_id, lease=lease, steal=steal,
+                               expect_epoch=expect_epoch)
 
     def cancel_run(self, run_id: str, *, reason: str | None = None) -> RunInfo:
         """Cancel a run that has not completed: status ``cancelled``, epoch + 1.
@@ -187,8 +195,11 @@ class LmdbStore:
         *,
         result: bytes | None = None,
         error: bytes | None = None,
+        wake: float | None = None,
     ) -> RunInfo:
-        """Change the status (recording ``result``/``error``) and log an event."""
+        """Change the status (recording ``result``/``error``) and log an event.  ``wake``
+        is accepted for the interface: the LMDB worker reads a sleep's end from its
+        ``parked`` event."""
         return _runs.set_status(self._scope, run_id, epoch, status, result=result, error=error)
 
     def fork_run(

@@ -37,7 +37,7 @@ TC006    the snapshot the caller's chunk list relies on is gone
 
 from __future__ import annotations
 
-__all__ = ["CHUNK_LOCK", "MIGRATE_LOCK", "MIGRATIONS", "SCHEMA", "SCHEMA_VERSION"]
+__all__ = ["CHUNK_LOCK", "MIGRATE_LOCK", "MIGRATIONS", "SCHEMA", "SCHEMA_VERSION", "WORK_CHANNEL"]
 
 SCHEMA = "tcc"
 #: The advisory lock key (a bigint) migrations hold.
@@ -250,6 +250,26 @@ CREATE TABLE tcc.code (
 );
 """
 
+# Version 3: the fleet.  ``wake`` says when a worker should look at a run that is not
+# running (a submission: now; a sleep: its end; a signal or a finished child: now); a
+# running run is due when its lease expires.  ``spawned_by``: the run a ``tcc.spawn``
+# child wakes when it finishes.  The indexes are what a worker's claim query reads.
+# Runs parked before this version are made due once: the worker checks each and clears
+# what is not due yet.
+_V3 = """
+ALTER TABLE tcc.runs ADD COLUMN wake timestamptz;
+ALTER TABLE tcc.runs ADD COLUMN spawned_by text;
+CREATE INDEX runs_wake ON tcc.runs (tenant, wake)
+    WHERE wake IS NOT NULL AND status IN ('queued', 'waiting', 'sleeping');
+CREATE INDEX runs_lease ON tcc.runs (tenant, lease_expiry) WHERE status = 'running';
+CREATE INDEX runs_by_host ON tcc.runs (tenant, owner_host)
+    WHERE status IN ('queued', 'running', 'waiting', 'sleeping');
+UPDATE tcc.runs SET wake = now() WHERE status IN ('waiting', 'sleeping');
+"""
+
+#: The channel of the NOTIFY a work-creating write sends (payload: the tenant).
+WORK_CHANNEL = "tcc_work"
+
 #: MIGRATIONS[n - 1] takes a database from schema version n - 1 to n.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -57,7 +57,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -71,7 +71,8 @@ from ..errors import (
     StoreNotFoundError,
     UsageError,
 )
-from ._api import DURABILITIES, FINAL_STATUSES, HOST, RUN_STATUSES, Completion, Event, GcStats, JournalRecord
+from ._api import (DURABILITIES, FINAL_STATUSES, FINISHED_STATUSES, HOST, RUN_STATUSES, Completion, Event,
+                   GcStats, JournalRecord)
 from ._api import RunInfo, SnapshotInfo, StoreDamageWarning
 from ._chunks import (
     INLINE_MAX,
@@ -92,7 +93,7 @@ from ._chunks import (
 from . import _code
 from ._codec import Corrupt, Sealer, as_bytes, check_int, check_name, seq_key
 from ._crypt import Crypt, StoreKey, key_id
-from ._pgschema import CHUNK_LOCK, MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION
+from ._pgschema import CHUNK_LOCK, MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, WORK_CHANNEL
 from ._pgurl import is_postgres_url, redact
 
 __all__ = ["PgStore", "WrongKeyError", "is_postgres_url", "redact"]
@@ -510,33 +511,49 @@ class PgStore:
 
     def create_run(self, entry: str, args: bytes = b"", *, strategy: str = "continuation",
                    run_id: str | None = None, lease: float = 30.0,
-                   keep: int | None = None) -> RunInfo:
+                   keep: int | None = None, queued: bool = False,
+                   spawned_by: str | None = None) -> RunInfo:
         rid = self._rid(uuid.uuid4().hex if run_id is None else run_id, new=True)
         if keep is not None:
             check_int("keep", keep, 1)
         if not isinstance(entry, str) or not entry:
             raise UsageError(f"entry must be a non-empty string (script[:function]), not {entry!r}")
         _check_lease(lease)
+        if spawned_by is not None:
+            check_name("run id", spawned_by)
         hdr = {"entry": entry, "strategy": strategy, "parent": None}
         rec = self._seal_run(rid, hdr, {"args": as_bytes("args", args)})
         pe = self._errors
 
         def op(conn: Any) -> RunInfo:
             try:
+                # a queued run: no owner's lease, and due now (its wake orders the queue)
                 conn.execute(
                     "INSERT INTO tcc.runs (tenant, run_id, status, epoch, owner_host, owner_pid, "
-                    "lease_expiry, keep, record) VALUES (%s, %s, 'running', 1, %s, %s, "
-                    "now() + make_interval(secs => %s), %s, %s)",
-                    (self.tenant, rid.decode(), HOST, os.getpid(), float(lease), keep, rec))
+                    "lease_expiry, keep, record, wake, spawned_by) VALUES (%s, %s, %s, 1, %s, "
+                    "%s, now() + make_interval(secs => %s), %s, %s, "
+                    "CASE WHEN %s THEN clock_timestamp() END, %s)",
+                    (self.tenant, rid.decode(), "queued" if queued else "running", HOST,
+                     os.getpid(), 0.0 if queued else float(lease), keep, rec, bool(queued),
+                     spawned_by))
             except pe.UniqueViolation:
                 raise StoreError(f"run {rid.decode()!r} already exists in store {self.path}") from None
-            self._event(conn, rid, "created", {"entry": entry, "epoch": 1})
+            self._event(conn, rid, "created", {"entry": entry, "epoch": 1,
+                                               **({"queued": True} if queued else {})})
+            if queued:
+                self._notify(conn)
             return self._info(self._load_run(conn, rid))
 
         info = self._tx(op, f"creating run {rid.decode()!r}")
         memo = self._memo(rid)
         memo.jlen, memo.made = 0, 0
         return info
+
+    def _notify(self, conn: Any) -> None:
+        """Wake idle workers (``LISTEN tcc_work``) when this transaction commits: only for
+        writes that create work (a submission, a signal, a sleep, a finished child), never
+        per checkpoint (a notifying commit takes a lock every such commit shares)."""
+        conn.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, self.tenant))
 
     def get_run(self, run_id: str) -> RunInfo:
         rid = self._rid(run_id)
@@ -560,9 +577,12 @@ class PgStore:
                 damaged.append((row[0], str(exc)))
         return out
 
-    def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False) -> RunInfo:
+    def claim_run(self, run_id: str, *, lease: float = 30.0, steal: bool = False,
+                  expect_epoch: int | None = None) -> RunInfo:
         _check_lease(lease)
         rid = self._rid(run_id)
+        if expect_epoch is not None:
+            check_int("expect_epoch", expect_epoch, 1)
 
         def decide(row: tuple[Any, ...]) -> bytes:
             """The claim's event record, if the run in ``row`` may be claimed; else FencedError."""
@@ -570,8 +590,12 @@ class PgStore:
             _, status, epoch, host, pid, left = row[:6]
             if status in FINAL_STATUSES:
                 raise FencedError(f"run {run_id!r} in store {self.path} is already {status}")
+            if expect_epoch is not None and epoch != expect_epoch:
+                raise FencedError(
+                    f"run {run_id!r} in store {self.path} moved on to epoch {epoch} (owner "
+                    f"{host}:{pid}) before this process took it over from epoch {expect_epoch}")
             mine = host == HOST and pid == os.getpid()
-            alive = left > 0 and not mine and not steal
+            alive = left > 0 and not mine and not steal and expect_epoch is None
             if alive and host == HOST:
                 alive = pid_alive(pid)
             if alive:
@@ -636,6 +660,28 @@ class PgStore:
 
         return self._tx(op, f"cancelling run {run_id!r}")
 
+    # ------------------------------------------------------------------ fleet
+    def claim_due(self, limit: int, *, lease: float, check: Callable[[RunInfo], tuple[str, Any]],
+                  exclude: Collection[str] = (), damaged: list[tuple[str, str]] | None = None
+                  ) -> list[tuple[RunInfo, str]]:
+        """Claim up to ``limit`` due runs for this worker (see :mod:`tcc.store._pgfleet`)."""
+        _check_lease(lease)
+        from ._pgfleet import claim_due
+
+        return claim_due(self, limit, lease=lease, check=check, exclude=exclude, damaged=damaged)
+
+    def next_due(self) -> float | None:
+        """Seconds until the next run becomes due by time (None: none will by time)."""
+        from ._pgfleet import next_due
+
+        return next_due(self)
+
+    def listener(self) -> Any:
+        """A ``LISTEN`` connection of its own that waits for new work (``_pgfleet.Listener``)."""
+        from ._pgfleet import Listener
+
+        return Listener(self)
+
     def _fence_error(self, conn: Any, rid: bytes, epoch: int) -> StoreError:
         """Why a fenced write of ``rid`` at ``epoch`` was refused."""
         row = conn.execute("SELECT status, epoch, owner_host, owner_pid FROM tcc.runs "
@@ -686,12 +732,23 @@ class PgStore:
         return self._tx(op, f"renewing the lease of run {run_id!r}", transaction=False)
 
     def set_status(self, run_id: str, epoch: int, status: str, *, result: bytes | None = None,
-                   error: bytes | None = None) -> RunInfo:
+                   error: bytes | None = None, wake: float | None = None) -> RunInfo:
         if status not in RUN_STATUSES:
             raise ValueError(f"status must be one of {RUN_STATUSES}, not {status!r}")
         rid = self._rid(run_id)
         res = None if result is None else as_bytes("result", result)
         err = None if error is None else as_bytes("error", error)
+        if wake is not None and (not isinstance(wake, (int, float)) or not math.isfinite(wake)):
+            raise UsageError(f"wake must be a finite time.time() value, not {wake!r}")
+        # When a worker should look at the run next (see _pgschema, version 3): a sleep at
+        # its end; a running or finished run never by time (a running one by its lease); a
+        # waiting one keeps what a signal or a child set meanwhile (the worker checks it).
+        sets, wake_params = {
+            "sleeping": (", wake = to_timestamp(%s)", (time.time() if wake is None else wake)
+                         + self._skew),
+            "waiting": ("", None),
+            "queued": (", wake = clock_timestamp()", None),
+        }.get(status, (", wake = NULL", None))
 
         def op(conn: Any) -> RunInfo:
             _check_epoch(epoch)
@@ -701,9 +758,19 @@ class PgStore:
                 blobs["result"] = res
             if err is not None:
                 blobs["error"] = err
-            self._fenced_update(conn, rid, epoch, "status = %s, updated = now(), record = %s",
-                                (status, self._seal_run(rid, hdr, blobs)))
+            self._fenced_update(conn, rid, epoch, "status = %s, updated = now(), record = %s" + sets,
+                                (status, self._seal_run(rid, hdr, blobs),
+                                 *(() if wake_params is None else (wake_params,))))
             self._event(conn, rid, status, {"epoch": epoch})
+            notify = status == "sleeping"  # idle workers learn the sleep's end
+            if status in FINISHED_STATUSES:  # the run that spawned it may be waiting for it
+                notify = conn.execute(
+                    "UPDATE tcc.runs p SET wake = clock_timestamp() FROM tcc.runs c "
+                    "WHERE c.tenant = %s AND c.run_id = %s AND p.tenant = c.tenant "
+                    "AND p.run_id = c.spawned_by AND p.status IN ('running', 'waiting')",
+                    (self.tenant, rid.decode())).rowcount > 0
+            if notify:
+                self._notify(conn)
             return self._info(self._load_run(conn, rid))
 
         return self._tx(op, f"setting the status of run {run_id!r}")
@@ -1162,7 +1229,14 @@ class PgStore:
             self._load_run(conn, rid)
             cur = conn.execute("INSERT INTO tcc.signals VALUES (%s, %s, %s, %s) ON CONFLICT "
                                "DO NOTHING", (self.tenant, rid.decode(), name, rec))
-            return bool(cur.rowcount == 1)
+            if cur.rowcount != 1:
+                return False
+            # due for a worker once it waits (a running run parks keeping this mark)
+            if conn.execute("UPDATE tcc.runs SET wake = clock_timestamp() WHERE tenant = %s AND "
+                            "run_id = %s AND status IN ('running', 'waiting')",
+                            (self.tenant, rid.decode())).rowcount:
+                self._notify(conn)
+            return True
 
         return self._tx(op, f"sending signal {name!r}")
 

@@ -50,7 +50,7 @@ def _count_run(scope: Scope, txn: Any, delta: int) -> None:
 
 # ---------------------------------------------------------------- lifecycle
 def create_run(scope: Scope, entry: str, args: bytes, *, strategy: str, run_id: str | None,
-               lease: float, keep: int | None) -> RunInfo:
+               lease: float, keep: int | None, queued: bool = False) -> RunInfo:
     """See :meth:`tcc.store.LmdbStore.create_run`."""
     rid = scope.check_run_id(uuid.uuid4().hex if run_id is None else run_id, new=True)
     if keep is not None:
@@ -59,9 +59,9 @@ def create_run(scope: Scope, entry: str, args: bytes, *, strategy: str, run_id: 
         raise UsageError(f"entry must be a non-empty string (script[:function]), not {entry!r}")
     _check_lease(lease)
     now = time.time()
-    hdr = {"entry": entry, "strategy": strategy, "status": "running", "created": now,
-           "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
-           "lease": now + lease, "parent": None}
+    hdr = {"entry": entry, "strategy": strategy, "status": "queued" if queued else "running",
+           "created": now, "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
+           "lease": 0.0 if queued else now + lease, "parent": None}
     if keep is not None:
         hdr["keep"] = keep
     blobs = {"args": as_bytes("args", args)}
@@ -72,7 +72,8 @@ def create_run(scope: Scope, entry: str, args: bytes, *, strategy: str, run_id: 
         check_no_remains(scope, txn, rid)
         put_run(scope, txn, rid, hdr, blobs)
         _count_run(scope, txn, 1)
-        append_event(scope, txn, rid, "created", {"entry": entry, "epoch": 1})
+        append_event(scope, txn, rid, "created", {"entry": entry, "epoch": 1,
+                                                  **({"queued": True} if queued else {})})
         return run_info(scope, rid, hdr, blobs)
 
     return scope.write(op)
@@ -114,7 +115,8 @@ def list_runs(scope: Scope, status: str | None,
     return scope.read(op)
 
 
-def claim_run(scope: Scope, run_id: str, *, lease: float, steal: bool) -> RunInfo:
+def claim_run(scope: Scope, run_id: str, *, lease: float, steal: bool,
+              expect_epoch: int | None = None) -> RunInfo:
     """See :meth:`tcc.store.LmdbStore.claim_run`."""
     _check_lease(lease)
     rid = scope.check_run_id(run_id)
@@ -126,8 +128,13 @@ def claim_run(scope: Scope, run_id: str, *, lease: float, steal: bool) -> RunInf
             # the run before another one finished it cannot reopen it
             raise FencedError(f"run {run_id!r} in store {scope.path} is already {hdr['status']}")
         now = time.time()
+        if expect_epoch is not None and hdr["epoch"] != expect_epoch:
+            raise FencedError(
+                f"run {run_id!r} in store {scope.path} moved on to epoch {hdr['epoch']} (owner "
+                f"{hdr['host']}:{hdr['pid']}) before this process took it over from epoch "
+                f"{expect_epoch}")
         mine = hdr["host"] == HOST and hdr["pid"] == os.getpid()
-        alive = hdr["lease"] > now and not mine and not steal
+        alive = hdr["lease"] > now and not mine and not steal and expect_epoch is None
         if alive and hdr["host"] == HOST:
             alive = pid_alive(hdr["pid"])
         if alive:

@@ -1,0 +1,322 @@
+"""A fleet of workers on one PostgreSQL store (README, "Running a fleet").
+
+Every test runs real ``tcc`` processes against a real server (``pg_dsn``); several
+"hosts" share this machine through ``$TCC_HOST_ID``, so a worker of one host knows
+nothing of another host's processes but what the database says (leases, epochs).
+
+* **Fleet**: 3 workers of different hosts, 50 submitted runs; workers are SIGKILLed
+  with the resumes they started (their process group) and restarted, at random.  Every
+  run completes once, with its exact result; every ledger step is there, once (the
+  effect has a verify probe).
+* **Partition**: the owner of a `tcc run` is SIGSTOPped past its lease; a worker of
+  another host takes the run over and finishes it; the owner, SIGCONTed, is fenced: it
+  exits non-zero and the store holds nothing it wrote after the takeover.
+* **Wake-ups**: a worker whose poll is an hour starts a submitted run and resumes a
+  signalled one: only a notification can have woken it (it had polled once, before).
+* **Claims**: the epochs the claims recorded are each given once per run; concurrent
+  ``claim_due`` calls never hand one run to two claimants.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tcc.runtime import decode_result
+from tests._support.pgstores import PgStore, make_pg_store
+from tests._support.runs import AGENTS
+
+LEDGER_AGENT = str(AGENTS / "ledger_agent.py")
+WAIT_AGENT = str(AGENTS / "wait_agent.py")
+
+
+@pytest.fixture
+def fleet_store(pg_dsn: str, tmp_path: pathlib.Path) -> PgStore:
+    return make_pg_store(pg_dsn, tmp_path / "keys")
+
+
+def _env(store: PgStore, host: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, **store.env(), TCC_HOST_ID=host, **extra)
+    env.pop("TCC_STORE_KEY", None)
+    return env
+
+
+def _tcc(store: PgStore, host: str, *args: str, timeout: float = 120,
+         **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tcc", *args], env=_env(store, host, **extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class Worker:
+    """A `tcc worker` of one host, in a process group of its own (with its resumes)."""
+
+    def __init__(self, store: PgStore, host: str, log: pathlib.Path, *args: str, **extra: str) -> None:
+        self.store, self.host, self.log_path, self.args, self.extra = store, host, log, args, extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tcc", "worker", *self.args], env=_env(self.store, self.host, **self.extra),
+            stdout=log, stderr=log, start_new_session=True)
+        log.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and every resume it started
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        _reap_group(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _reap_group(pgid: int) -> None:
+    """Wait until no process of group ``pgid`` is left (killed resumes may linger a moment)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+
+
+def _wait_until(what: str, cond: Any, timeout: float, *about: Worker) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {w.host}\n{w.log()[-3000:]}" for w in about)
+            raise AssertionError(f"timed out waiting for {what}\n{logs}")
+        time.sleep(0.05)
+
+
+def _claims(events: list[Any]) -> list[int]:
+    return [e.data["new_epoch"] for e in events if e.kind in ("taken_over", "reclaimed")]
+
+
+def test_fleet_of_killed_workers_finishes_every_run_once(fleet_store: PgStore, tmp_path: pathlib.Path) -> None:
+    runs_n, steps = int(os.environ.get("TCC_FLEET_RUNS", "50")), 4
+    rng = random.Random(int(os.environ.get("TCC_FLEET_SEED", "20261202")))
+    ledger = tmp_path / "ledger"
+    extra = {"LEDGER": str(ledger), "VERIFY": "1", "DELAY": "0.02"}
+    ids = []
+    for i in range(runs_n):  # submitted from "laptop", a host that runs no worker
+        out = _tcc(fleet_store, "laptop", "submit", "--run-id", f"job{i:03d}", LEDGER_AGENT, str(steps),
+                   **extra)
+        assert out.returncode == 0, out.stderr
+        ids.append(out.stdout.strip())
+    assert ids == [f"job{i:03d}" for i in range(runs_n)]
+    workers = [Worker(fleet_store, f"host{k}", tmp_path / f"worker{k}.log", "--concurrency", "2",
+                      "--lease", "3", "--poll", "1", **extra) for k in range(3)]
+    store = fleet_store.open()
+    kills = 0
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            done = sum(r.status in ("completed", "failed", "unverified") for r in store.list_runs())
+            if done == runs_n or time.monotonic() > deadline:
+                break
+            time.sleep(rng.uniform(0.3, 1.5))
+            if done < runs_n - 3 and kills < 12:
+                victim = rng.choice(workers)
+                victim.kill()
+                kills += 1
+                victim.start()
+        for w in workers:
+            w.stop()
+        runs = {r.run_id: r for r in store.list_runs()}
+        unfinished = {k: r.status for k, r in runs.items() if r.status != "completed"}
+        assert not unfinished, (unfinished, "\n".join(w.log()[-2000:] for w in workers))
+        lines = ledger.read_text().splitlines()
+        keys = collections.Counter(line.split()[0] for line in lines)
+        hosts: set[str] = set()
+        for run_id, run in runs.items():
+            assert decode_result(run.result) == {"steps": steps, "total": steps * (steps - 1) // 2,
+                                                          "salts": steps}, run_id
+            events = store.events(run_id)
+            assert [e.kind for e in events].count("completed") == 1, run_id
+            epochs = _claims(events)
+            assert len(epochs) == len(set(epochs)), (run_id, epochs)  # one claim per epoch
+            for k in range(1, steps + 1):  # every step, exactly once (verify probe)
+                assert keys[f"{run_id}:{k}"] == 1, (run_id, k, keys[f"{run_id}:{k}"])
+            hosts.update(e.data.get("owner", "").split(":")[0] for e in events if e.kind == "taken_over")
+        assert len(lines) == runs_n * steps
+        assert kills >= 3
+        assert {"host0", "host1", "host2"} & hosts  # the work was shared out
+        print(f"\nfleet: {runs_n} runs x {steps} steps, 3 hosts, {kills} worker kills, "
+              f"{len(lines)} ledger lines, 0 duplicates, all exact")
+    finally:
+        for w in workers:
+            w.stop()
+        store.close()
+
+
+def test_partitioned_owner_is_taken_over_and_fenced(fleet_store: PgStore, tmp_path: pathlib.Path) -> None:
+    ledger = tmp_path / "ledger"
+    extra = {"LEDGER": str(ledger), "VERIFY": "1", "DELAY": "0.3"}
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "tcc", "run", "--run-id", "cut", "--lease", "1.5", LEDGER_AGENT, "8"],
+        env=_env(fleet_store, "hostA", **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker: Worker | None = None
+    store = fleet_store.open()
+    try:
+        _wait_until("two ledger lines", lambda: ledger.exists() and len(ledger.read_text().splitlines()) >= 2, 60)
+        owner.send_signal(signal.SIGSTOP)  # cut off: no heartbeat, no commit
+        stopped_epoch = store.get_run("cut").epoch
+        worker = Worker(fleet_store, "hostB", tmp_path / "worker.log", "--lease", "5", "--poll", "0.5", **extra)
+        _wait_until("the run to complete on hostB", lambda: store.get_run("cut").status == "completed", 90, worker)
+        run = store.get_run("cut")
+        before = (run, store.journal("cut"), store.snapshots("cut"), store.events("cut"))
+        owner.send_signal(signal.SIGCONT)
+        _out, err = owner.communicate(timeout=60)
+        assert owner.returncode not in (0, None), err
+        assert "taken over" in err, err
+        after = (store.get_run("cut"), store.journal("cut"), store.snapshots("cut"), store.events("cut"))
+        assert after == before  # the fenced owner committed nothing
+        assert decode_result(run.result) == {"steps": 8, "total": 28, "salts": 8}
+        takeover = [e for e in before[3] if e.kind == "taken_over" and e.data.get("epoch") == stopped_epoch]
+        assert takeover and takeover[0].data["owner"].startswith("hostA:")
+        assert "hostB:" in "".join(e.data.get("owner", "") for e in before[3] if e.kind == "taken_over")
+        keys = collections.Counter(line.split()[0] for line in ledger.read_text().splitlines())
+        # every step is there; the owner, woken inside a step, may finish that one call
+        assert all(keys[f"cut:{k}"] >= 1 for k in range(1, 9)), keys
+        assert sum(keys.values()) <= 9, keys
+    finally:
+        if owner.poll() is None:
+            owner.send_signal(signal.SIGCONT)
+            owner.kill()
+            owner.communicate()
+        if worker is not None:
+            worker.stop()
+        store.close()
+
+
+def test_idle_worker_wakes_for_a_submission_and_a_signal(fleet_store: PgStore, tmp_path: pathlib.Path) -> None:
+    # --poll 3600: after its first poll the worker only wakes for a notification
+    worker = Worker(fleet_store, "hostW", tmp_path / "worker.log", "--poll", "3600")
+    store = fleet_store.open()
+    try:
+        _wait_until("the worker to listen", lambda: "listening" in worker.log(), 60, worker)
+        time.sleep(0.5)  # its first (empty) poll is over
+        out = _tcc(fleet_store, "laptop", "submit", "--run-id", "ask", f"{WAIT_AGENT}:gated_checked")
+        assert out.returncode == 0, out.stderr
+        _wait_until("the submitted run to park", lambda: store.get_run("ask").status == "waiting", 60, worker)
+        out = _tcc(fleet_store, "laptop", "approve", "ask")
+        assert out.returncode == 0, out.stderr
+        _wait_until("the signalled run to complete", lambda: store.get_run("ask").status == "completed", 60,
+                    worker)
+        assert decode_result(store.get_run("ask").result) == [True, "did first", "did second"]
+        log = worker.log()
+        assert log.index("resuming ask (submitted)") < log.index("resuming ask (signal arrived)")
+        kinds = [e.kind for e in store.events("ask")]
+        assert kinds.index("submitted") < kinds.index("started") < kinds.index("waiting") < kinds.index("completed")
+    finally:
+        worker.stop()
+        store.close()
+
+
+def test_concurrent_claims_never_share_a_run(fleet_store: PgStore) -> None:
+    stores = [fleet_store.open() for _ in range(4)]
+    try:
+        for i in range(40):
+            stores[0].create_run(f"{LEDGER_AGENT}:main", b"[]", run_id=f"q{i:02d}", queued=True)
+        got: list[list[str]] = [[] for _ in stores]
+        barrier = threading.Barrier(len(stores))
+
+        def claimer(k: int) -> None:
+            barrier.wait()
+            while True:
+                claimed = stores[k].claim_due(3, lease=60, check=lambda run: ("claim", "test"))  # type: ignore[attr-defined]
+                if not claimed:
+                    return
+                got[k].extend(run.run_id for run, _ in claimed)
+
+        threads = [threading.Thread(target=claimer, args=(k,)) for k in range(len(stores))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        flat = [r for g in got for r in g]
+        assert sorted(flat) == [f"q{i:02d}" for i in range(40)]  # each run once, none lost
+        for i in range(40):
+            run = stores[0].get_run(f"q{i:02d}")
+            assert run.epoch == 2 and run.status == "queued"
+            assert _claims(stores[0].events(run.run_id)) == [2]
+        # a claimed run is not due again while the claim's lease runs
+        assert stores[1].claim_due(10, lease=60, check=lambda run: ("claim", "test")) == []  # type: ignore[attr-defined]
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_queue_order_and_hand_over(fleet_store: PgStore) -> None:
+    store = fleet_store.open()
+    try:
+        for name in ("b", "a", "c"):  # submission order, not id order
+            store.create_run(f"{LEDGER_AGENT}:main", b"[]", run_id=name, queued=True)
+        order = [run.run_id for run, _ in store.claim_due(3, lease=60, check=lambda r: ("claim", "t"))]  # type: ignore[attr-defined]
+        assert order == ["b", "a", "c"]
+        # the resume a worker starts takes the run at the claimed epoch, and only then
+        run = store.claim_run("b", expect_epoch=2)
+        assert run.epoch == 3
+        from tcc.errors import FencedError
+
+        with pytest.raises(FencedError, match="moved on to epoch 3"):
+            store.claim_run("b", expect_epoch=2)
+    finally:
+        store.close()
+
+
+def test_a_schema_2_store_is_migrated_and_its_parked_runs_are_looked_at(fleet_store: PgStore,
+                                                                         tmp_path: pathlib.Path) -> None:
+    """A database an older tcc made (schema 2: no wake column) gains the fleet columns when
+    opened, and a run parked there is made due once, for a worker to check."""
+    import psycopg
+
+    out = _tcc(fleet_store, "hostA", "run", "--run-id", "old", f"{WAIT_AGENT}:gated_checked")
+    assert out.returncode == 0 and "waiting" in out.stdout, out.stdout + out.stderr
+    assert _tcc(fleet_store, "hostA", "approve", "old").returncode == 0
+    with psycopg.connect(fleet_store.url, autocommit=True) as conn:
+        conn.execute("DROP INDEX tcc.runs_wake, tcc.runs_lease, tcc.runs_by_host")
+        conn.execute("ALTER TABLE tcc.runs DROP COLUMN wake, DROP COLUMN spawned_by")
+        conn.execute("UPDATE tcc.meta SET value = '2' WHERE key = 'schema_version'")
+    worker = Worker(fleet_store, "hostB", tmp_path / "worker.log", "--poll", "3600")
+    store = fleet_store.open()
+    try:
+        _wait_until("the old run to complete", lambda: store.get_run("old").status == "completed", 60, worker)
+        assert decode_result(store.get_run("old").result) == [True, "did first", "did second"]
+        with psycopg.connect(fleet_store.url, autocommit=True) as conn:
+            version = conn.execute("SELECT value FROM tcc.meta WHERE key = 'schema_version'").fetchone()
+        assert version == ("3",)
+    finally:
+        worker.stop()
+        store.close()
