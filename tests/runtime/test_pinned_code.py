@@ -354,3 +354,62 @@ def test_a_postgresql_store_of_schema_1_is_migrated_to_hold_code(pg_dsn, tmp_pat
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         version = conn.execute("SELECT value FROM tcc.meta WHERE key = 'schema_version'").fetchone()
     assert version == (str(SCHEMA_VERSION),)
+
+
+SPAWNING = '''\
+import tcc
+
+
+async def child(mode):
+    ok = await tcc.approval("child go?") if mode == "wait" else None
+    return ["old-child", mode, ok]
+
+
+async def main(mode):
+    ok = await tcc.approval("go?")
+    got = await tcc.spawn(child, mode)
+    return ["old-main", ok, got]
+'''
+
+
+def _spawning(tmp: pathlib.Path) -> pathlib.Path:
+    folder = tmp / "spawning"
+    folder.mkdir(parents=True)
+    (folder / "agent.py").write_text(SPAWNING)
+    return folder / "agent.py"
+
+
+@pytest.mark.parametrize("policy", ["pinned", "upgrade"])
+def test_a_child_spawned_after_an_edit_starts_on_the_code_its_parent_continues_on(tmp_path, policy):
+    """The parent parks before its tcc.spawn; the script is edited; the parent continues on
+    its recorded code (pinned) and so does the child it then starts, in the same process;
+    under the upgrade policy both run the new code."""
+    cli = Cli(tmp_path)
+    script = _spawning(tmp_path)
+    out = cli.run("run", "--run-id", "p", "--on-code-change", policy, str(script), "now")
+    assert out.returncode == 0 and "waiting" in out.stdout, out.stdout + out.stderr
+    script.write_text(SPAWNING.replace("old-", "new-"))
+    cli.run("approve", "p", check=True)
+    got = _result(cli.run("resume", "--json", "p"))
+    want = "old-" if policy == "pinned" else "new-"
+    assert got == [f"{want}main", True, [f"{want}child", "now", None]]
+    child = next(e["data"]["child"] for e in cli.show("p")["events"] if e["kind"] == "spawned")
+    started = next(e["data"] for e in cli.show(child)["events"] if e["kind"] == "started")
+    assert started["on_code_change"] == policy  # the child has its parent's policy
+
+
+def test_a_pinned_child_that_parks_is_resumed_on_the_recorded_code_in_another_process(tmp_path):
+    cli = Cli(tmp_path)
+    script = _spawning(tmp_path)
+    out = cli.run("run", "--run-id", "q", str(script), "wait")
+    assert out.returncode == 0 and "waiting" in out.stdout, out.stdout + out.stderr
+    script.write_text(SPAWNING.replace("old-", "new-"))
+    cli.run("approve", "q", check=True)
+    out = cli.run("resume", "q")  # the child starts on the recorded code, and parks
+    assert out.returncode == 0 and "waiting" in out.stdout, out.stdout + out.stderr
+    child = next(e["data"]["child"] for e in cli.show("q")["events"] if e["kind"] == "spawned")
+    assert cli.show(child)["status"] == "waiting"
+    cli.run("approve", child, check=True)
+    out = cli.run("resume", "--json", child)
+    assert _result(out) == ["old-child", "wait", True]
+    assert _result(cli.run("resume", "--json", "q")) == ["old-main", True, ["old-child", "wait", True]]

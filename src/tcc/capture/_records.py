@@ -76,6 +76,11 @@ def set_process_modules(resolve: Callable[[str], types.ModuleType | None] | None
     PROCESS_MODULES[:] = [resolve] if resolve is not None else []
 
 
+def process_modules() -> Callable[[str], types.ModuleType | None] | None:
+    """The resolver :func:`set_process_modules` set (None: none), to set it back later."""
+    return PROCESS_MODULES[0] if PROCESS_MODULES else None
+
+
 def resolving() -> bool:
     """Whether loads now go through a module resolver."""
     return LOAD.modules is not None or bool(PROCESS_MODULES)

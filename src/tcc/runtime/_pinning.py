@@ -394,6 +394,10 @@ class PinnedCode:
                 newest = recorded
         return newest
 
+    def names(self) -> set[str]:
+        """The names of the project modules this run runs pinned versions of."""
+        return set(self.remap) | {entry["from"] for entry in self.manifest.values() if entry.get("from")}
+
     @property
     def active(self) -> bool:
         """Whether any module of this run resolves to pinned code."""

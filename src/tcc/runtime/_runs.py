@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from .. import errors
-from ..capture import load_payload, native_available, set_process_modules, unseal
+from ..capture import load_payload, native_available, process_modules, set_process_modules, unseal
 from ..store import (FINAL_STATUSES, FINISHED_STATUSES, HOST, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
                      Store)
 from . import _scripts
@@ -216,12 +216,17 @@ def _history(store: Store, run_id: str, epoch: int
 
 def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every: int, lease: float,
                  progress: Progress | None, wait_seconds: float, verify: Any,
-                 modules: ModuleState | None = None, manifest: Manifest | None = None) -> Driver:
+                 modules: ModuleState | None = None, manifest: Manifest | None = None,
+                 pinned: PinnedCode | None = None) -> Driver:
+    """``pinned``: the code the run continues on, when that is its recorded code (a child it
+    spawns starts on that code too)."""
     if modules is None and strategy != "replay":
         modules = ModuleState(_scripts.entry_module(run.entry))
     code = None
     if strategy != "replay":  # the code a snapshot needs, recorded with it (--code pinned)
         code = CodeRecorder(store, run.run_id, run.epoch, project_root(run.entry), manifest or {})
+        if pinned is not None:  # a current module of a name the run runs pinned is not its code
+            code.pinned_from.update(pinned.names())
 
     def spawner(child_id: str, func: str, args: tuple[Any, ...]) -> tuple[str, Any]:
         try:
@@ -230,15 +235,26 @@ def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every:
             child = None
         if child is not None and child.status in FINISHED_STATUSES:
             return decode_child(child)
-        if child is None:
-            try:
-                outcome = start(store, _scripts.resolve(_scripts.sibling_entry(run.entry, func)), args, run_id=child_id, strategy=strategy,
-                                checkpoint_every=checkpoint_every, lease=lease,
-                                wait_seconds=wait_seconds, parent=run.run_id)
-            except errors.UsageError as exc:  # e.g. arguments the child cannot take: the
-                return ("throw", TypeError(f"tcc.spawn({func}): {exc}"))  # parent's error
-        else:  # re-attach to a child that a crash interrupted
-            outcome = resume(store, child_id, lease=lease, wait_seconds=wait_seconds)
+        resolver = process_modules()  # the child's run may set its own: the parent's after
+        try:
+            if child is None:
+                try:
+                    # a parent on its recorded code starts its child on that code too, with
+                    # the parent's policy
+                    sibling = _scripts.sibling_entry(run.entry, func)
+                    on_pinned = pinned is not None and pinned.active
+                    outcome = start(
+                        store, sibling if on_pinned else _scripts.resolve(sibling), args, run_id=child_id,
+                        strategy=strategy, checkpoint_every=checkpoint_every, lease=lease,
+                        wait_seconds=wait_seconds, parent=run.run_id,
+                        pinned=pinned if on_pinned else None,
+                        on_code_change=policy_of(store.events(run.run_id)))
+                except errors.UsageError as exc:  # e.g. arguments the child cannot take: the
+                    return ("throw", TypeError(f"tcc.spawn({func}): {exc}"))  # parent's error
+            else:  # re-attach to a child that a crash interrupted
+                outcome = resume(store, child_id, lease=lease, wait_seconds=wait_seconds)
+        finally:
+            set_process_modules(resolver)
         if outcome.status == "stopped":  # SIGTERM inside the child: the parent stops too,
             raise Parked("stopped", {"reason": "SIGTERM", "child": child_id})  # unrecorded
         if outcome.status in PARKED_STATUSES:
@@ -327,6 +343,7 @@ def start(
     keep: int | None = None,
     on_notice: Callable[[str], None] | None = None,
     on_code_change: str = DEFAULT_POLICY,
+    pinned: PinnedCode | None = None,
 ) -> Outcome:
     """Create a run of ``script`` (``path[:func]``, or a function object of an importable
     module or of the ``__main__`` script) and drive it to the end.
@@ -338,14 +355,18 @@ def start(
     ``keep``: how many newest snapshots the run retains (default: the store's).
     ``on_notice(text)`` is told what the user should know before the run starts (module
     globals that cannot be captured); the same is recorded in the ``started`` event.
+    ``pinned``: start on that recorded code (a child of a run that continues on its
+    recorded code, ``tcc.spawn``), not on the current files.
     """
     if on_code_change not in CODE_POLICIES:
         raise errors.UsageError(f"unknown --on-code-change policy {on_code_change!r}; choose one "
                                 f"of {', '.join(CODE_POLICIES)}")
-    entry = _entry(script)
-    func = _scripts.resolve(entry)  # usage errors before anything is stored
+    # (a pinned start is given the stored entry of its run's code)
+    entry = script if pinned is not None and isinstance(script, str) else _entry(script)
+    # usage errors before anything is stored
+    func = _entry_function(entry, pinned) if pinned is not None else _scripts.resolve(entry)
     check_call(func, args, entry)
-    check = _verify_func(entry, verify) if parent is None or verify else None
+    check = _verify_func(entry, verify, pinned) if parent is None or verify else None
     if is_sync(func):
         strategy = "replay"
     strategy, _notice = effective_strategy(strategy)
@@ -369,7 +390,10 @@ def start(
             raise errors.FencedError(
                 f"run {parent!r} was cancelled while it spawned child run {run.run_id!r}; the "
                 "child was cancelled too and nothing more was written")
-    modules = ModuleState(_scripts.entry_module(entry)) if strategy != "replay" else None
+    modules = None
+    if strategy != "replay":
+        modules = ModuleState(_scripts.entry_module(entry)) if pinned is None else \
+            ModuleState(pinned.entry_module(entry), resolve=pinned.resolve)
     left = modules.left_to_import() if modules is not None else []
     if left:
         info["rebuilt_by_import"] = left
@@ -381,7 +405,7 @@ def start(
     coro = _make_coroutine(func, args, entry, run.run_id)
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
-                          modules=modules)
+                          modules=modules, pinned=pinned)
     return driver.drive(coro)
 
 
@@ -626,8 +650,6 @@ def resume(
     check = _verify_func(run.entry, verify_name, pinned) if verify_name else None
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
-                          modules=modules, manifest=manifest)
-    if driver.code is not None:  # a current module of a name the run runs pinned is not its code
-        driver.code.pinned_from.update(pinned.remap)
+                          modules=modules, manifest=manifest, pinned=pinned)
     return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed,
                         retried=retried)
