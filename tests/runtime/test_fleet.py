@@ -320,3 +320,35 @@ def test_a_schema_2_store_is_migrated_and_its_parked_runs_are_looked_at(fleet_st
     finally:
         worker.stop()
         store.close()
+
+
+def test_a_dead_owner_on_the_workers_host_is_taken_over_at_once(fleet_store: PgStore, tmp_path: pathlib.Path) -> None:
+    """A `tcc run` of this host with a 10-minute lease dies; a worker of the same host whose
+    poll is an hour takes its run over: it learnt of the run from the run's creation
+    (NOTIFY) and watched its process (a pidfd), so neither the lease nor the poll is waited
+    for."""
+    ledger = tmp_path / "ledger"
+    extra = {"LEDGER": str(ledger), "VERIFY": "1", "DELAY": "0.2"}
+    worker = Worker(fleet_store, "hostS", tmp_path / "worker.log", "--poll", "3600", "--lease", "600", **extra)
+    store = fleet_store.open()
+    owner = None
+    try:
+        _wait_until("the worker to listen", lambda: "listening" in worker.log(), 60, worker)
+        owner = subprocess.Popen(
+            [sys.executable, "-m", "tcc", "run", "--run-id", "local", "--lease", "600", LEDGER_AGENT, "6"],
+            env=_env(fleet_store, "hostS", **extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_until("two ledger lines", lambda: ledger.exists() and len(ledger.read_text().splitlines()) >= 2,
+                    60, worker)
+        owner.kill()
+        owner.wait()
+        _wait_until("the run to complete", lambda: store.get_run("local").status == "completed", 60, worker)
+        assert decode_result(store.get_run("local").result) == {"steps": 6, "total": 15, "salts": 6}
+        assert "resuming local (owner dead)" in worker.log()
+        takeover = [e for e in store.events("local") if e.kind == "taken_over" and e.data.get("by") == "worker"]
+        assert takeover and takeover[0].data["owner"] == f"hostS:{owner.pid}"
+    finally:
+        if owner is not None and owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        worker.stop()
+        store.close()

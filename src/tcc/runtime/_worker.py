@@ -197,6 +197,7 @@ class Worker:
         # a store that hands out due runs to a fleet of workers (PostgreSQL)
         self.fleet = callable(getattr(store, "claim_due", None))
         self.audited = False  # a fleet worker lists every run once, to report damaged ones
+        self.watched: dict[int, int] = {}  # pid -> pidfd of the live run owners of this host
         self.listener: Any = None
         self.command = command or [sys.executable, "-m", "tcc"]
         self.env = env
@@ -301,12 +302,26 @@ class Worker:
 
         claim_due = cast(Any, self.store).claim_due
         damaged = []
+        owners: list[int] = []
         claimed = claim_due(free, lease=self.lease, check=check,
-                            exclude=[*self.children, *self.damaged], damaged=damaged)
+                            exclude=[*self.children, *self.damaged], damaged=damaged, watch=owners)
         self._say_damaged(damaged)
+        self._watch({pid for pid in owners if not any(p.pid == pid for p in self.children.values())})
         for run, reason in claimed:
             self._start(run.run_id, reason, claimed_epoch=run.epoch)
         return len(claimed)
+
+    def _watch(self, pids: set[int]) -> None:
+        """Hold a pidfd of each of ``pids`` (the live owners of runs on this host, not this
+        worker's own children): :meth:`_idle` wakes the moment one of them exits, so a run
+        of a `tcc run` that died here is taken over at once, not at the next poll."""
+        for pid in set(self.watched) - pids:
+            os.close(self.watched.pop(pid))
+        for pid in pids - set(self.watched):
+            try:
+                self.watched[pid] = os.pidfd_open(pid)
+            except (OSError, AttributeError):  # gone already (the next poll takes its run
+                pass                            # over), or no pidfds here (the poll does)
 
     def _start(self, run_id: str, reason: str, *, claimed_epoch: int | None = None) -> None:
         args = resume_command(self.store, run_id, self.command, claimed_epoch=claimed_epoch,
@@ -341,7 +356,7 @@ class Worker:
             # sleep carries on with its timeout), a child's exit within 0.1 s
             step = min(left, 0.1 if running else 0.5)
             if self.listener is not None:
-                if self.listener.wait(step):
+                if self.listener.wait(step, list(self.watched.values())):
                     return
             else:
                 time.sleep(step)
@@ -403,6 +418,7 @@ class Worker:
             self._idle()
         if self.listener is not None:
             self.listener.close()
+        self._watch(set())
         for proc in self.children.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # they stop after their current commit

@@ -54,12 +54,13 @@ _LIVE = _sql_set(LIVE_STATUSES)
 
 
 def claim_due(store: PgStore, limit: int, *, lease: float, check: Callable[[RunInfo], Verdict],
-              exclude: Collection[str] = (), damaged: list[tuple[str, str]] | None = None
-              ) -> list[tuple[RunInfo, str]]:
+              exclude: Collection[str] = (), damaged: list[tuple[str, str]] | None = None,
+              watch: list[int] | None = None) -> list[tuple[RunInfo, str]]:
     """Claim up to ``limit`` due runs for this worker (epoch + 1 each), in one transaction;
     returns each claimed run (at its new epoch) with the reason ``check`` gave.  A due run
     whose record fails verification is not claimed but appended to ``damaged`` as ``(run
-    id, message)`` (pass it in ``exclude`` from then on)."""
+    id, message)`` (pass it in ``exclude`` from then on).  ``watch`` gets the pids of the
+    live processes of this host that own runs (the worker wakes when one exits)."""
     if limit < 1:
         return []
     cols = store._RUN_COLS
@@ -78,6 +79,8 @@ def claim_due(store: PgStore, limit: int, *, lease: float, check: Callable[[RunI
             f"status IN {_LIVE} AND lease_expiry > now() AND NOT (run_id = ANY(%s))",
             (tenant, HOST, list(exclude))).fetchall()
         dead = [(rid, pid) for rid, pid in mine if not pid_alive(pid) and pid != os.getpid()]
+        if watch is not None:
+            watch.extend(sorted({pid for _, pid in mine if pid != os.getpid()} - {p for _, p in dead}))
         if dead:
             rows += conn.execute(
                 f"SELECT {cols} FROM tcc.runs WHERE tenant = %s AND owner_host = %s AND "
@@ -135,6 +138,19 @@ def next_due(store: PgStore) -> float | None:
     return store._read(op)
 
 
+def _wait_fds(fds: Collection[int], timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for one of ``fds`` to become readable."""
+    timeout = max(0.0, timeout)
+    if not fds:
+        time.sleep(timeout)
+        return False
+    try:
+        return bool(select.select(list(fds), [], [], timeout)[0])
+    except (OSError, ValueError):  # a closed descriptor: the caller's next poll sorts it out
+        time.sleep(timeout)
+        return False
+
+
 class Listener:
     """A worker's ``LISTEN tcc_work`` connection (its own, outside the pool)."""
 
@@ -161,13 +177,13 @@ class Listener:
                 return False
         return True
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a notification of this store's tenant; True
-        if one came.  Never raises: a lost connection waits out the timeout instead."""
+    def wait(self, timeout: float, fds: Collection[int] = ()) -> bool:
+        """Wait up to ``timeout`` seconds for a notification of this store's tenant, or for
+        one of ``fds`` to become readable (a pidfd: that process exited); True if either
+        came.  Never raises: a lost connection waits on ``fds`` alone instead."""
         deadline = time.monotonic() + max(0.0, timeout)
         if not self.start():
-            time.sleep(max(0.0, timeout))
-            return False
+            return _wait_fds(fds, timeout)
         try:
             while True:
                 for note in self.conn.notifies(timeout=0, stop_after=64):
@@ -176,13 +192,15 @@ class Listener:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                ready, _, _ = select.select([self.conn.fileno()], [], [], left)
+                conn_fd = self.conn.fileno()
+                ready, _, _ = select.select([conn_fd, *fds], [], [], left)
                 if not ready:
                     return False
+                if any(fd != conn_fd for fd in ready):
+                    return True
         except Exception:  # noqa: BLE001 - the connection broke: reconnect next time
             self.close()
-            time.sleep(max(0.0, deadline - time.monotonic()))
-            return False
+            return _wait_fds(fds, deadline - time.monotonic())
 
     def close(self) -> None:
         if self.conn is not None:

@@ -540,8 +540,9 @@ class PgStore:
                 raise StoreError(f"run {rid.decode()!r} already exists in store {self.path}") from None
             self._event(conn, rid, "created", {"entry": entry, "epoch": 1,
                                                **({"queued": True} if queued else {})})
-            if queued:
-                self._notify(conn)
+            # a queued run is work now; any other new run will be if its owner dies: idle
+            # workers learn its lease (and, on its host, its pid) at once
+            self._notify(conn)
             return self._info(self._load_run(conn, rid))
 
         info = self._tx(op, f"creating run {rid.decode()!r}")
@@ -662,13 +663,14 @@ class PgStore:
 
     # ------------------------------------------------------------------ fleet
     def claim_due(self, limit: int, *, lease: float, check: Callable[[RunInfo], tuple[str, Any]],
-                  exclude: Collection[str] = (), damaged: list[tuple[str, str]] | None = None
-                  ) -> list[tuple[RunInfo, str]]:
+                  exclude: Collection[str] = (), damaged: list[tuple[str, str]] | None = None,
+                  watch: list[int] | None = None) -> list[tuple[RunInfo, str]]:
         """Claim up to ``limit`` due runs for this worker (see :mod:`tcc.store._pgfleet`)."""
         _check_lease(lease)
         from ._pgfleet import claim_due
 
-        return claim_due(self, limit, lease=lease, check=check, exclude=exclude, damaged=damaged)
+        return claim_due(self, limit, lease=lease, check=check, exclude=exclude, damaged=damaged,
+                         watch=watch)
 
     def next_due(self) -> float | None:
         """Seconds until the next run becomes due by time (None: none will by time)."""
