@@ -238,7 +238,7 @@ def test_idle_worker_wakes_for_a_submission_and_a_signal(fleet_store: PgStore, t
         log = worker.log()
         assert log.index("resuming ask (submitted)") < log.index("resuming ask (signal arrived)")
         kinds = [e.kind for e in store.events("ask")]
-        assert kinds.index("submitted") < kinds.index("started") < kinds.index("waiting") < kinds.index("completed")
+        assert kinds.index("created") < kinds.index("started") < kinds.index("waiting") < kinds.index("completed")
     finally:
         worker.stop()
         store.close()
@@ -248,7 +248,7 @@ def test_concurrent_claims_never_share_a_run(fleet_store: PgStore) -> None:
     stores = [fleet_store.open() for _ in range(4)]
     try:
         for i in range(40):
-            stores[0].create_run(f"{LEDGER_AGENT}:main", b"[]", run_id=f"q{i:02d}", queued=True)
+            stores[0].create_run(f"{LEDGER_AGENT}:main", b"[]", run_id=f"q{i:02d}", status="queued")
         got: list[list[str]] = [[] for _ in stores]
         barrier = threading.Barrier(len(stores))
 
@@ -282,7 +282,7 @@ def test_queue_order_and_hand_over(fleet_store: PgStore) -> None:
     store = fleet_store.open()
     try:
         for name in ("b", "a", "c"):  # submission order, not id order
-            store.create_run(f"{LEDGER_AGENT}:main", b"[]", run_id=name, queued=True)
+            store.create_run(f"{LEDGER_AGENT}:main", b"[]", run_id=name, status="queued")
         order = [run.run_id for run, _ in store.claim_due(3, lease=60, check=lambda r: ("claim", "t"))]  # type: ignore[attr-defined]
         assert order == ["b", "a", "c"]
         # the resume a worker starts takes the run at the claimed epoch, and only then
@@ -352,3 +352,94 @@ def test_a_dead_owner_on_the_workers_host_is_taken_over_at_once(fleet_store: PgS
             owner.wait()
         worker.stop()
         store.close()
+
+
+def test_a_wait_timeout_and_a_release_wake_the_workers(fleet_store: PgStore) -> None:
+    """Store level: parking at a wait with a deadline notifies (idle workers learn when it
+    is due), and so does the release of a parked run that a signal made due while its
+    owner still held it (the signal's own notification found it held)."""
+    store = fleet_store.open()
+    listener = store.listener()  # type: ignore[attr-defined]
+    try:
+        assert listener.start()
+        run = store.create_run(f"{WAIT_AGENT}:gated", b"[]", run_id="w")
+        assert listener.wait(2.0)  # a new run: workers learn its lease
+        store.set_status("w", run.epoch, "waiting", wake=time.time() + 3600)
+        assert listener.wait(2.0)  # a deadline
+        soon = store.next_due()  # type: ignore[attr-defined]
+        assert soon is not None and 3500 < soon <= 3600  # the deadline (the lease ends before)
+        store.send_signal("w", "go", b"1")
+        assert listener.wait(2.0)
+        assert not listener.wait(0.3)  # (nothing more)
+        store.renew_lease("w", run.epoch, 0.0)  # the owner lets go: due now
+        assert listener.wait(2.0)
+        due = store.next_due()  # type: ignore[attr-defined]
+        assert due is not None and due <= 0
+    finally:
+        listener.close()
+        store.close()
+
+
+def test_runs_a_worker_skips_do_not_crowd_out_the_queue(fleet_store: PgStore, tmp_path: pathlib.Path) -> None:
+    """A dozen runs in back-off (their resumes kept failing) sit at the head of the queue;
+    the run submitted after them is still claimed, and the ones skipped are not locked."""
+    from tcc.runtime import Worker as RuntimeWorker
+
+    store = fleet_store.open()
+    try:
+        for i in range(12):
+            store.create_run(f"{LEDGER_AGENT}:main", b"[]", run_id=f"bad{i:02d}", status="queued")
+        store.create_run(f"{LEDGER_AGENT}:main", b"[]", run_id="good", status="queued")
+        worker = RuntimeWorker(store, concurrency=1, command=[sys.executable, "-c", "pass", "--"],
+                               log=lambda msg: None)
+        worker.backoff = {f"bad{i:02d}": (5, time.time() + 600) for i in range(12)}
+        assert worker.tick() == 1
+        assert list(worker.children) == ["good"]
+        for proc in worker.children.values():
+            proc.wait()
+        worker._reap()  # (closes what it kept of the child's stderr)
+        assert store.get_run("good").epoch == 2 and store.get_run("bad00").epoch == 1
+    finally:
+        store.close()
+
+
+def test_a_damaged_trail_of_a_due_run_is_reported_and_the_others_are_served(fleet_store: PgStore,
+                                                                           tmp_path: pathlib.Path) -> None:
+    import psycopg
+
+    out = _tcc(fleet_store, "hostA", "run", "--run-id", "hurt", f"{WAIT_AGENT}:gated_checked")
+    assert out.returncode == 0 and "waiting" in out.stdout, out.stderr
+    assert _tcc(fleet_store, "hostA", "approve", "hurt").returncode == 0  # due now
+    with psycopg.connect(fleet_store.url, autocommit=True) as conn:  # flip a byte of an event
+        conn.execute("UPDATE tcc.events SET record = set_byte(record, 40, 255 - get_byte(record, 40)) "
+                     "WHERE id = (SELECT max(id) FROM tcc.events WHERE run_id = 'hurt' AND record IS NOT NULL)")
+    out = _tcc(fleet_store, "laptop", "submit", "--run-id", "fine", LEDGER_AGENT, "2",
+               LEDGER=str(tmp_path / "ledger"))
+    assert out.returncode == 0, out.stderr
+    out = _tcc(fleet_store, "hostB", "worker", "--once", LEDGER=str(tmp_path / "ledger"))
+    assert out.returncode == 0, out.stderr
+    assert "worker: skipping run hurt" in out.stderr and "failed verification" in out.stderr
+    store = fleet_store.open()
+    try:
+        assert store.get_run("fine").status == "completed"
+    finally:
+        store.close()
+
+
+def test_migration_gives_old_children_their_parent(fleet_store: PgStore) -> None:
+    import psycopg
+
+    store = fleet_store.open()
+    try:
+        for rid in ("p", "p.1", "p.1.2", "p.x", "q.3"):
+            store.create_run(f"{WAIT_AGENT}:parent", b"[]", run_id=rid)
+    finally:
+        store.close()
+    with psycopg.connect(fleet_store.url, autocommit=True) as conn:
+        conn.execute("DROP INDEX tcc.runs_wake, tcc.runs_lease, tcc.runs_by_host")
+        conn.execute("ALTER TABLE tcc.runs DROP COLUMN wake, DROP COLUMN spawned_by")
+        conn.execute("UPDATE tcc.meta SET value = '2' WHERE key = 'schema_version'")
+    fleet_store.open().close()  # migrates
+    with psycopg.connect(fleet_store.url, autocommit=True) as conn:
+        got = dict(conn.execute("SELECT run_id, spawned_by FROM tcc.runs").fetchall())
+    assert got == {"p": None, "p.1": "p", "p.1.2": "p.1", "p.x": None, "q.3": None}

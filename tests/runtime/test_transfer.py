@@ -1,17 +1,10 @@
-"""`tcc export` / `tcc import`: a run (with its children) moved between stores as one file.
-
-Until `tcc.cli._main` registers the two commands, the CLI is reached through a small
-wrapper that adds `tcc.cli._transfer`'s parsers to tcc's own (see ``_WRAPPER``); the
-tests marked ``needs_wiring`` run `python -m tcc export/import` as it is and are
-skipped until then.
-"""
+"""`tcc export` / `tcc import`: a run (with its children) moved between stores as one file."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
-import sys
 
 import pytest
 
@@ -23,40 +16,6 @@ from tests._support.runs import AGENTS, Cli
 
 LEDGER = str(AGENTS / "ledger_agent.py")
 WAIT = str(AGENTS / "wait_agent.py")
-
-
-def _wired() -> bool:
-    from tcc.cli import _main
-
-    return "export" in _main.COMMANDS and "import" in _main.COMMANDS
-
-
-needs_wiring = pytest.mark.skipif(not _wired(), reason="tcc export/import are not registered in "
-                                  "tcc.cli._main yet")
-
-# tcc's CLI (its error handling and exit codes) with the export and import parsers added
-_WRAPPER = """
-import sys
-from tcc.cli import _main, _transfer
-_build = _main._parser
-def _parser(command=None):
-    parser = _build(None if command in ("export", "import") else command)
-    for action in parser._actions:
-        if isinstance(getattr(action, "choices", None), dict) and "run" in action.choices:
-            _transfer.add_parsers(action, _main._common)
-    return parser
-_main._parser = _parser
-sys.exit(_main._main(sys.argv[1:]))
-"""
-
-
-class TransferCli(Cli):
-    """Cli whose `export`/`import` reach tcc.cli._transfer whether or not _main has them."""
-
-    def cmd(self, *args: str) -> list[str]:
-        if args and args[0] in ("export", "import") and not _wired():
-            return [sys.executable, "-c", _WRAPPER, *args]
-        return super().cmd(*args)
 
 
 def _key(tmp: pathlib.Path, name: str = "transfer.key") -> str:
@@ -84,8 +43,8 @@ def test_crashed_run_goes_lmdb_to_postgres_to_lmdb_and_resumes_exactly(tmp_path,
     ref = Cli(tmp_path / "ref", LEDGER=str(tmp_path / "ref.ledger"), **env)
     expected = json.loads(ref.run("run", "--json", "--run-id", "r", LEDGER, check=True).stdout)["result"]
     ledger = tmp_path / "ledger"
-    src = TransferCli(tmp_path / "a", LEDGER=str(ledger), **env)
-    killed = TransferCli(tmp_path / "a", LEDGER=str(ledger), DIE_AT="4", **env)
+    src = Cli(tmp_path / "a", LEDGER=str(ledger), **env)
+    killed = Cli(tmp_path / "a", LEDGER=str(ledger), DIE_AT="4", **env)
     proc = killed.run("run", "--run-id", "r", LEDGER)
     assert proc.returncode == -9, proc.stderr  # SIGKILL inside step 4, its intent journaled
     assert src.show("r")["status"] == "running"
@@ -95,11 +54,11 @@ def test_crashed_run_goes_lmdb_to_postgres_to_lmdb_and_resumes_exactly(tmp_path,
     key = _key(tmp_path)
     src.run("export", "r", "-o", str(tmp_path / "one.tccx"), "--transfer-key", key, check=True)
     pg = make_pg_store(pg_dsn, tmp_path / "pg")
-    mid = TransferCli(tmp_path, store_url=pg.url, key_file=pg.key_file, LEDGER=str(ledger), **env)
+    mid = Cli(tmp_path, store_url=pg.url, key_file=pg.key_file, LEDGER=str(ledger), **env)
     assert mid.run("import", str(tmp_path / "one.tccx"), "--transfer-key", key, check=True).stdout.strip() == "r"
     assert mid.show("r")["status"] == "running"
     mid.run("export", "r", "-o", str(tmp_path / "two.tccx"), "--transfer-key", key, check=True)
-    dst = TransferCli(tmp_path / "c", LEDGER=str(ledger), **env)
+    dst = Cli(tmp_path / "c", LEDGER=str(ledger), **env)
     dst.run("import", str(tmp_path / "two.tccx"), "--transfer-key", key, check=True)
 
     done = json.loads(dst.run("resume", "--json", "r", check=True).stdout)
@@ -121,7 +80,7 @@ def test_parent_parked_on_a_child_moves_with_it_and_both_finish(tmp_path):
     """A parent waiting for a spawned child that waits for an approval moves with the child
     (same ids); approved and resumed in the new store, both finish as they would have."""
     key = _key(tmp_path)
-    src = TransferCli(tmp_path / "a")
+    src = Cli(tmp_path / "a")
     src.run("run", "--run-id", "p", f"{WAIT}:parent_of_gated", check=True)
     assert src.show("p")["status"] == "waiting"
     child = src.show("p")["children"][0]
@@ -130,7 +89,7 @@ def test_parent_parked_on_a_child_moves_with_it_and_both_finish(tmp_path):
                              "--transfer-key", key, check=True).stdout)
     assert out["runs"] == ["p", child]
 
-    dst = TransferCli(tmp_path / "b")
+    dst = Cli(tmp_path / "b")
     got = json.loads(dst.run("import", "--json", str(tmp_path / "p.tccx"), "--transfer-key", key,
                              check=True).stdout)
     assert got["runs"] == {"p": "p", child: child}
@@ -147,10 +106,10 @@ def test_run_id_is_refused_while_a_call_is_in_flight_and_nothing_is_written(tmp_
     """--run-id of a tree whose parent waits inside tcc.spawn (an issued call without an
     outcome) is refused: renaming would change the call's idempotency key."""
     key = _key(tmp_path)
-    src = TransferCli(tmp_path / "a")
+    src = Cli(tmp_path / "a")
     src.run("run", "--run-id", "p", f"{WAIT}:parent_of_gated", check=True)
     src.run("export", "p", "-o", str(tmp_path / "p.tccx"), "--transfer-key", key, check=True)
-    dst = TransferCli(tmp_path / "b")
+    dst = Cli(tmp_path / "b")
     proc = dst.run("import", "--run-id", "q", str(tmp_path / "p.tccx"), "--transfer-key", key)
     assert proc.returncode == 2 and "in flight" in proc.stderr and "without --run-id" in proc.stderr
     assert _runs(dst.store) == []
@@ -160,11 +119,11 @@ def test_run_id_renames_a_finished_tree_consistently(tmp_path):
     """A finished parent imported with --run-id NEW keeps its result; its child becomes
     NEW.k with its result, and the ids in their events follow."""
     key = _key(tmp_path)
-    src = TransferCli(tmp_path / "a")
+    src = Cli(tmp_path / "a")
     first = json.loads(src.run("run", "--json", "--run-id", "p", f"{WAIT}:parent", check=True).stdout)
     child = src.show("p")["children"][0]
     src.run("export", "p", "-o", str(tmp_path / "p.tccx"), "--transfer-key", key, check=True)
-    dst = TransferCli(tmp_path / "b")
+    dst = Cli(tmp_path / "b")
     got = json.loads(dst.run("import", "--json", "--run-id", "n", str(tmp_path / "p.tccx"),
                              "--transfer-key", key, check=True).stdout)
     new_child = "n" + child[1:]
@@ -181,7 +140,7 @@ def test_existing_run_id_is_refused_with_a_hint_and_changes_nothing(tmp_path):
     """Importing a run whose id the store has already exits 2, suggests --run-id, and leaves
     the existing run as it was; with --run-id it is imported beside it."""
     key = _key(tmp_path)
-    src = TransferCli(tmp_path / "a")
+    src = Cli(tmp_path / "a")
     src.run("run", "--run-id", "r", f"{WAIT}:checked", check=True)
     src.run("export", "r", "-o", str(tmp_path / "r.tccx"), "--transfer-key", key, check=True)
     before = src.show("r")
@@ -197,7 +156,7 @@ def test_existing_run_id_is_refused_with_a_hint_and_changes_nothing(tmp_path):
 def _exported(tmp_path: pathlib.Path) -> tuple[bytes, bytes]:
     """(the bytes of an export of a finished run, its key)."""
     key_file = _key(tmp_path)
-    src = TransferCli(tmp_path / "a")
+    src = Cli(tmp_path / "a")
     src.run("run", "--run-id", "r", f"{WAIT}:parent", check=True)
     src.run("export", "r", "-o", str(tmp_path / "r.tccx"), "--transfer-key", key_file, check=True)
     return (tmp_path / "r.tccx").read_bytes(), read_transfer_key(key_file)
@@ -245,7 +204,7 @@ def test_cli_refuses_a_damaged_file_with_one_line_and_exit_1(tmp_path):
     data, _key_bytes = _exported(tmp_path)
     bad = tmp_path / "bad.tccx"
     bad.write_bytes(data[:-10])
-    dst = TransferCli(tmp_path / "b")
+    dst = Cli(tmp_path / "b")
     proc = dst.run("import", str(bad), "--transfer-key", str(tmp_path / "transfer.key"))
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "truncated" in proc.stderr
     assert _runs(dst.store) == []
@@ -270,20 +229,19 @@ def test_transfer_key_files_follow_the_store_key_file_rules(tmp_path):
     path.chmod(0o644)
     with pytest.raises(errors.StoreInsecureError, match="chmod 600"):
         read_transfer_key(path)
-    src = TransferCli(tmp_path / "a")
+    src = Cli(tmp_path / "a")
     src.run("run", "--run-id", "r", f"{WAIT}:checked", check=True)
     made = tmp_path / "made.key"
     out = json.loads(src.run("export", "--json", "r", "-o", str(tmp_path / "r.tccx"), "--transfer-key",
                              str(made), check=True).stdout)
     assert out["key_file_created"] and (os.stat(made).st_mode & 0o777) == 0o600
-    proc = TransferCli(tmp_path / "b").run("import", str(tmp_path / "r.tccx"),
+    proc = Cli(tmp_path / "b").run("import", str(tmp_path / "r.tccx"),
                                            "--transfer-key", str(tmp_path / "missing.key"))
     assert proc.returncode == 2 and "missing.key" in proc.stderr
-    proc = TransferCli(tmp_path / "b").run("import", str(tmp_path / "r.tccx"))
+    proc = Cli(tmp_path / "b").run("import", str(tmp_path / "r.tccx"))
     assert proc.returncode == 2 and "--transfer-key" in proc.stderr
 
 
-@needs_wiring
 def test_export_and_import_are_tcc_commands(tmp_path):
     """`python -m tcc export` and `python -m tcc import` exist and move a run."""
     key = _key(tmp_path)
@@ -293,3 +251,48 @@ def test_export_and_import_are_tcc_commands(tmp_path):
     dst = Cli(tmp_path / "b")
     assert dst.run("import", str(tmp_path / "r.tccx"), "--transfer-key", key, check=True).stdout.strip() == "r"
     assert dst.show("r")["result"] == src.show("r")["result"]
+
+
+def test_an_import_killed_midway_leaves_runs_nothing_resumes_and_a_new_import_replaces_them(tmp_path):
+    """`tcc import` writes a run in status `importing` and gives it its status last: a
+    process killed in between leaves a run no worker or resume takes up (its effects are
+    not run again), and importing the file again replaces it."""
+    import subprocess
+    import sys
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    ledger = tmp_path / "ledger"
+    env = {"LEDGER": str(ledger), "SALT": "step"}
+    a = Cli(src, **env)
+    a.run("run", "--run-id", "job", LEDGER, "4", check=True)
+    key = tmp_path / "transfer.key"
+    a.run("export", "job", "-o", str(tmp_path / "job.tccx"), "--transfer-key", str(key), check=True)
+    lines = ledger.read_text().splitlines()
+    dies = (
+        "import os, sys\n"
+        "from tcc.runtime import import_run, read_transfer_key\n"
+        "from tcc.store import open_store\n"
+        "store = open_store(sys.argv[1])\n"
+        "calls = [0]\n"
+        "real = store.append_completion\n"
+        "def dying(*a, **k):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 2:\n"
+        "        os._exit(9)\n"
+        "    return real(*a, **k)\n"
+        "store.append_completion = dying\n"
+        "import_run(store, sys.argv[2], key=read_transfer_key(sys.argv[3]))\n")
+    proc = subprocess.run([sys.executable, "-c", dies, str(dst / "store"), str(tmp_path / "job.tccx"), str(key)],
+                          capture_output=True, text=True, env=dict(a.env), timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    b = Cli(dst, **env)
+    assert b.show("job")["status"] == "importing"
+    out = b.run("worker", "--once", check=True)
+    assert "resuming" not in out.stderr
+    refused = b.run("resume", "job")
+    assert refused.returncode != 0 and "import the file again" in refused.stderr, refused.stderr
+    assert ledger.read_text().splitlines() == lines  # no effect ran again
+    b.run("import", str(tmp_path / "job.tccx"), "--transfer-key", str(key), check=True)
+    assert b.show("job")["status"] == "completed"
+    assert b.show("job")["result"] == a.show("job")["result"]
+    assert ledger.read_text().splitlines() == lines

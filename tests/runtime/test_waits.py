@@ -239,3 +239,17 @@ def test_a_signal_after_a_timed_out_wait_reaches_the_next_wait(tmp_path):
     assert "note@2" in sent.stdout
     done = json.loads(cli.run("resume", "--json", "w", check=True).stdout)
     assert done["result"] == ["timed out", 5]
+
+
+def test_the_worker_takes_up_a_wait_whose_timeout_ran_out(tmp_path):
+    """A run parked at a wait with a timeout is due once the timeout has passed: the worker
+    resumes it, and the wait raises TimeoutError inside the agent, with no signal."""
+    cli = Cli(tmp_path)
+    assert start(cli, "t2", "timed_out")["status"] == "waiting"
+    early = cli.run("worker", "--once", check=True)
+    if "resuming t2" not in early.stderr:  # (the timeout is 0.3 s: it may be over already)
+        time.sleep(0.4)
+        cli.run("worker", "--once", check=True)
+    detail = cli.show("t2")
+    assert detail["status"] == "completed", detail["status"]
+    assert detail["result"].startswith("timed out: no signal 'never@1'")

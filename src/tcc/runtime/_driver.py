@@ -280,7 +280,8 @@ class Driver:
         if self.snapshots:
             self.snapshot(coro, ("request", req), None)
         self.store.add_event(self.run_id, "parked", {"status": status, **info}, epoch=self.epoch)
-        until = info.get("until") if status == "sleeping" else None
+        # when a worker should take it up by time: a sleep's end, a wait's deadline
+        until = info.get("until" if status == "sleeping" else "deadline")
         self.store.set_status(self.run_id, self.epoch, status,
                               wake=float(until) if isinstance(until, (int, float)) else None)
         raise Parked(status, info)

@@ -115,9 +115,10 @@ def manifest_of(events: Any) -> Manifest:
 
 
 def policy_of(events: Any) -> str:
-    """The run's ``--on-code-change`` policy, from its ``started`` (or ``submitted``) event."""
+    """The run's ``--on-code-change`` policy, from its ``started`` event (a submitted run's
+    ``created``)."""
     for event in events:
-        if event.kind in ("started", "forked", "submitted") and "on_code_change" in event.data:
+        if event.kind in ("started", "forked", "created") and "on_code_change" in event.data:
             policy = event.data.get("on_code_change")
             return policy if policy in CODE_POLICIES else DEFAULT_POLICY
     return DEFAULT_POLICY

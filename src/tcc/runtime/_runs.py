@@ -427,7 +427,7 @@ def submit(
     The script is imported here, as :func:`start` does, so that a wrong entry, arguments
     it cannot take or an unknown ``verify`` are refused now rather than by a worker later;
     the workers must see the script at the same path.  The options are :func:`start`'s and
-    are recorded in a ``submitted`` event; the worker's ``tcc resume`` starts the run
+    are recorded in its ``created`` event; the worker's ``tcc resume`` starts the run
     with them (a ``started`` event)."""
     if on_code_change not in CODE_POLICIES:
         raise errors.UsageError(f"unknown --on-code-change policy {on_code_change!r}; choose one "
@@ -443,17 +443,17 @@ def submit(
                             "on_code_change": on_code_change}
     if check is not None:
         info["verify"] = check.__name__
-    run = store.create_run(
+    # the options go into the run's `created` event: a worker that starts the run at once
+    # reads them with it
+    return store.create_run(
         entry, json.dumps(list(args)).encode(), strategy=strategy_label(strategy, checkpoint_every),
-        run_id=run_id, queued=True, keep=keep)
-    store.add_event(run.run_id, "submitted", info)
-    return run
+        run_id=run_id, status="queued", keep=keep, info=info)
 
 
 def _submitted(store: Store, run_id: str) -> dict[str, Any]:
-    """The options a queued run was submitted with (its ``submitted`` event)."""
+    """The options a queued run was submitted with (its ``created`` event)."""
     for event in store.events(run_id):
-        if event.kind == "submitted":
+        if event.kind == "created":
             return {k: v for k, v in event.data.items()
                     if k in ("strategy", "on_code_change", "verify")}
     return {}
@@ -569,6 +569,10 @@ def resume(
                                    if run.status not in (*RETURNED_STATUSES, *FINAL_STATUSES) else ""))
     if run.status in FINAL_STATUSES:
         raise errors.UsageError(f"run {run_id} is already {run.status}; there is nothing to resume")
+    if run.status == "importing":
+        raise errors.UsageError(
+            f"run {run_id} is being imported (`tcc import`), or its import was interrupted: "
+            "import the file again (that replaces it), then resume it")
     stored_every = parse_strategy(run.strategy)[1]
     if checkpoint_every is None:
         checkpoint_every = stored_every

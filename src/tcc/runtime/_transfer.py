@@ -89,13 +89,13 @@ import stat
 import struct
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import zstandard
 
 from .. import _version, errors
-from ..store import HOST, Completion, JournalRecord, RunInfo, Store, check_name, redact_url
+from ..store import HOST, PARKED_STATUSES, Completion, JournalRecord, RunInfo, Store, check_name, redact_url
 from ._pinning import CODE_EVENT
 from ._views import owner_alive
 
@@ -538,21 +538,32 @@ def import_run(store: Store, path: str | os.PathLike[str], *, key: bytes,
         raise errors.UsageError(f"cannot read {where}: {exc.strerror}") from None
     doc, blobs = _open_file(data, key, where)
     renames = _renames(doc, run_id)
+    leftovers = []
     for old, new in renames.items():
         try:
-            store.get_run(new)
+            there = store.get_run(new)
         except errors.RunNotFoundError:
+            continue
+        if there.status == "importing":  # an import of it that was interrupted: replaced
+            leftovers.append(new)
             continue
         hint = "import it under another id with --run-id NEW" if old == doc["root"] else \
             f"run {doc['root']}'s child {new} is in the way: import under another --run-id"
         raise errors.UsageError(f"run {new} exists in this store already; {hint} (nothing was imported)")
+    for rid in leftovers:
+        store.delete_run(rid)
     code = {digest: blobs[i] for digest, i in doc["code"].items()}
     if code:  # content-addressed and shared by the tenant's runs: not undone on failure
         store.put_code(code)
     created: list[str] = []
     try:
-        for record in doc["runs"]:
-            _write_run(store, record, blobs, renames, doc["source"], created)
+        # every run is written in status `importing` (nothing resumes it), and given its
+        # own status only once all are written, children first: a process killed
+        # meanwhile leaves runs no worker takes up (importing the file again replaces them)
+        finishers = [_write_run(store, record, blobs, renames, doc["source"], created)
+                     for record in doc["runs"]]
+        for finish in reversed(finishers):
+            finish()
     except BaseException as exc:
         left = []
         for rid in reversed(created):
@@ -571,7 +582,8 @@ def import_run(store: Store, path: str | os.PathLike[str], *, key: bytes,
 
 
 def _write_run(store: Store, record: dict[str, Any], blobs: list[bytes], renames: Mapping[str, str],
-               source: dict[str, Any], created: list[str]) -> None:
+               source: dict[str, Any], created: list[str]) -> Callable[[], None]:
+    """Write one run in status ``importing``; return what gives it its own status."""
     def blob(i: int | None) -> bytes | None:
         return None if i is None else blobs[i]
 
@@ -580,15 +592,16 @@ def _write_run(store: Store, record: dict[str, Any], blobs: list[bytes], renames
     parent = next((e["data"].get("parent") for e in record["events"] if e["kind"] == "started"
                    and isinstance(e["data"], dict)), None)
     spawned_by = renames.get(parent) if isinstance(parent, str) else None
+    # the target store writes its own `created` event, with what the source's said more
+    # (a submitted run's options)
+    first = record["events"][0] if record["events"] and record["events"][0]["kind"] == "created" else None
+    info = {k: v for k, v in (first["data"] if first and isinstance(first["data"], dict) else {}).items()
+            if k not in ("entry", "epoch", "status")}
     run = store.create_run(record["entry"], blob(record["args"]) or b"", strategy=record["strategy"],
-                           run_id=new_id, lease=30.0, spawned_by=spawned_by)
+                           run_id=new_id, status="importing", spawned_by=spawned_by, info=info)
     created.append(new_id)
     epoch = run.epoch
-    skipped_created = False
-    for event in record["events"]:
-        if event["kind"] == "created" and not skipped_created:
-            skipped_created = True  # the target store wrote its own
-            continue
+    for event in record["events"][1 if first else 0:]:
         store.add_event(new_id, event["kind"], _event_data(event["kind"], event["data"], renames))
     # the journal, record by record, with each snapshot where its journal_len says
     snapshots = sorted(record["snapshots"], key=lambda s: s["number"])
@@ -614,9 +627,9 @@ def _write_run(store: Store, record: dict[str, Any], blobs: list[bytes], renames
             raise errors.InternalError(f"run {new_id}: journal record {r['seq']} was written as "
                                        f"{seq}; please report it")
     checkpoint_up_to(len(record["journal"]))
-    for signal in record["signals"]:
-        store.send_signal(new_id, signal["name"], blob(signal["value"]) or b"")
+    for signal in record["signals"]:  # (the pending ones once the run has its status)
         if signal["state"] == "consumed":
+            store.send_signal(new_id, signal["name"], blob(signal["value"]) or b"")
             store.take_signal(new_id, epoch, signal["name"])
     store.add_event(new_id, "imported", {
         "run": record["run_id"], "store": source["store"], "tenant": source["tenant"],
@@ -624,16 +637,23 @@ def _write_run(store: Store, record: dict[str, Any], blobs: list[bytes], renames
         "updated": record["updated"], "epoch": record["epoch"], "status": record["status"],
         "snapshots": numbers, **({"damaged_snapshots": record["damaged_snapshots"]}
                                  if record["damaged_snapshots"] else {})})
-    # anyone may take the run up at once: its owner, this process, is about to leave it
-    store.renew_lease(new_id, epoch, 0.0)
     status = record["status"]
-    if status == "cancelled":
-        store.cancel_run(new_id, reason=f"cancelled in {source['store']} before the export")
-    elif status != "running":
-        # a sleep's end: when a fleet store's worker takes the run up again
-        until = next((e["data"].get("until") for e in reversed(record["events"])
-                      if e["kind"] == "parked" and isinstance(e["data"], dict)
-                      and e["data"].get("status") == "sleeping"), None)
-        wake = float(until) if status == "sleeping" and isinstance(until, (int, float)) else None
+    # a sleep's end, a wait's deadline: when a fleet store's worker takes the run up again
+    parked = next((e["data"] for e in reversed(record["events"])
+                   if e["kind"] == "parked" and isinstance(e["data"], dict)), {})
+    until = parked.get("until" if status == "sleeping" else "deadline")
+    wake = float(until) if status in PARKED_STATUSES and isinstance(until, (int, float)) else None
+
+    def finish() -> None:
+        if status == "cancelled":
+            store.cancel_run(new_id, reason=f"cancelled in {source['store']} before the export")
+            return
+        # anyone may take the run up once it has its status: its owner, this process, leaves it
+        store.renew_lease(new_id, epoch, 0.0)
         store.set_status(new_id, epoch, status, result=blob(record["result"]),
                          error=blob(record["error"]), wake=wake)
+        for signal in record["signals"]:  # a waiting run's signal marks it due
+            if signal["state"] != "consumed":
+                store.send_signal(new_id, signal["name"], blob(signal["value"]) or b"")
+
+    return finish

@@ -37,12 +37,19 @@ import time
 from typing import Any, Callable, cast
 
 from .._proc import pid_alive
-from ..errors import RunNotFoundError, StoreConnectionError
+from ..errors import RunNotFoundError, StoreConnectionError, StoreCorruptError
 from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
 from ._pinning import changed_files, manifest_of, policy_of
 from ._scripts import script_display_name
 
 BACKOFF_MAX = 300.0  # seconds between resumes of a run whose resumes keep failing
+# A worker's claim holds the run this long at least, while the `tcc resume` it starts gets
+# going (imports, the store, the script) and takes it over: a shorter --lease would let
+# another host claim it first, again and again.
+HANDOVER_LEASE = 10.0
+# A run whose code changed under the refuse policy is looked at again this often (it is
+# said once; meanwhile it is not fetched with the due runs, so it cannot crowd them out).
+UNDECIDED_RECHECK = 60.0
 
 
 def pending_waits(store: Store, run_id: str) -> list[dict[str, Any]]:
@@ -68,6 +75,17 @@ def wake_time(store: Store, run_id: str) -> float | None:
         if e.kind == "parked" and dict(e.data).get("status") == "sleeping":
             until = float(dict(e.data).get("until", 0.0))
     return until
+
+
+def wait_deadline(store: Store, run_id: str) -> float | None:
+    """When the wait a waiting run parked at times out (``tcc.wait_for(..., timeout=)``),
+    if it has a timeout."""
+    deadline = None
+    for e in store.events(run_id):
+        if e.kind == "parked":
+            value = dict(e.data).get("deadline")
+            deadline = float(value) if isinstance(value, (int, float)) else None
+    return deadline
 
 
 def awaited_child(store: Store, run_id: str) -> str | None:
@@ -108,6 +126,9 @@ def due(store: Store, run: RunInfo, now: float) -> str | None:
             return "child finished" if status in FINISHED_STATUSES else None
         if any(w["signal"] == "pending" for w in pending_waits(store, run.run_id)):
             return "signal arrived"
+        deadline = wait_deadline(store, run.run_id)
+        if deadline is not None and deadline <= now:  # the resumed wait raises TimeoutError
+            return "wait timed out"
     return None
 
 
@@ -208,7 +229,8 @@ class Worker:
         # failing (a deleted script, changed code) is retried ever more slowly, not every poll
         self.backoff: dict[str, tuple[int, float]] = {}
         self.damaged: set[str] = set()  # runs whose record failed verification (said once)
-        self.waiting_decision: set[str] = set()  # runs whose code changed under refuse (said once)
+        # runs whose code changed under refuse (said once) -> when that was last looked at
+        self.waiting_decision: dict[str, float] = {}
         self.stopping = False
 
     def stop(self, *_args: Any) -> None:
@@ -261,10 +283,12 @@ class Worker:
                 continue
             if self.backoff.get(run.run_id, (0, 0.0))[1] > now:
                 continue
-            reason = due(self.store, run, now)
-            if reason is None:
-                continue
-            if self._undecided(run.run_id):
+            try:
+                reason = due(self.store, run, now)
+                if reason is None or self._undecided(run.run_id):
+                    continue
+            except StoreCorruptError as exc:  # its trail, a child's record: needs a person
+                self._say_damaged([(run.run_id, str(exc))])
                 continue
             self._start(run.run_id, reason)
             started += 1
@@ -294,8 +318,9 @@ class Worker:
                 return ("skip", None)
             reason = due(self.store, run, now)
             if reason is None:  # not due after all: when it will be, if by time
-                return ("later", wake_time(self.store, run.run_id) if run.status == "sleeping"
-                        else None)
+                when = wake_time(self.store, run.run_id) if run.status == "sleeping" else \
+                    wait_deadline(self.store, run.run_id) if run.status == "waiting" else None
+                return ("later", when)
             if self._undecided(run.run_id):
                 return ("skip", None)
             return ("claim", reason)
@@ -303,8 +328,14 @@ class Worker:
         claim_due = cast(Any, self.store).claim_due
         damaged = []
         owners: list[int] = []
-        claimed = claim_due(free, lease=self.lease, check=check,
-                            exclude=[*self.children, *self.damaged], damaged=damaged, watch=owners)
+        now = time.time()
+        # runs this worker would only skip are not fetched: they must not fill the window
+        # the due runs are read in (a dozen runs whose resumes keep failing, say)
+        skipped = [r for r, (_n, until) in self.backoff.items() if until > now]
+        skipped += [r for r, seen in self.waiting_decision.items() if now - seen < UNDECIDED_RECHECK]
+        claimed = claim_due(free, lease=max(self.lease, HANDOVER_LEASE), check=check,
+                            exclude=[*self.children, *self.damaged, *skipped], damaged=damaged,
+                            watch=owners)
         self._say_damaged(damaged)
         self._watch({pid for pid in owners if not any(p.pid == pid for p in self.children.values())})
         for run, reason in claimed:
@@ -368,14 +399,15 @@ class Worker:
         only be refused again, so the run waits for a person (said once, and in `tcc ls`)."""
         events = self.store.events(run_id)
         if policy_of(events) != "refuse":
-            self.waiting_decision.discard(run_id)
+            self.waiting_decision.pop(run_id, None)
             return False
         changed = changed_files(manifest_of(events))
         if not changed:
-            self.waiting_decision.discard(run_id)
+            self.waiting_decision.pop(run_id, None)
             return False
-        if run_id not in self.waiting_decision:
-            self.waiting_decision.add(run_id)
+        said = run_id in self.waiting_decision
+        self.waiting_decision[run_id] = time.time()
+        if not said:
             self.log(f"worker: run {run_id} needs a decision: its code changed since it recorded "
                      f"it ({', '.join(script_display_name(n) for n in changed)}) and its policy is "
                      f"refuse; `tcc resume --code pinned {run_id}` continues it on that code, "

@@ -30,6 +30,7 @@ from typing import Any as _Any
 from ._api import DURABILITIES as DURABILITIES
 from ._api import FINAL_STATUSES as FINAL_STATUSES
 from ._api import FINISHED_STATUSES as FINISHED_STATUSES
+from ._api import CREATE_STATUSES as CREATE_STATUSES
 from ._api import HOST as HOST
 from ._api import LIVE_STATUSES as LIVE_STATUSES
 from ._api import PARKED_STATUSES as PARKED_STATUSES
@@ -54,6 +55,7 @@ __all__ = [
     "DURABILITIES",
     "FINAL_STATUSES",
     "FINISHED_STATUSES",
+    "CREATE_STATUSES",
     "HOST",
     "LIVE_STATUSES",
     "PARKED_STATUSES",

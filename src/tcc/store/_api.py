@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 __all__ = [
+    "CREATE_STATUSES",
     "DURABILITIES",
     "FINAL_STATUSES",
     "FINISHED_STATUSES",
@@ -44,11 +45,12 @@ __all__ = [
     "StoreDamageWarning",
 ]
 
-RunStatus = Literal["queued", "running", "waiting", "sleeping", "completed", "unverified", "failed",
-                    "cancelled"]
-#: Every run status, in lifecycle order.  ``queued``: submitted (``tcc submit``), not
-#: started yet: a worker starts it.  ``unverified``: the run returned, but its verify check
-#: did not pass.
+RunStatus = Literal["importing", "queued", "running", "waiting", "sleeping", "completed",
+                    "unverified", "failed", "cancelled"]
+#: Every run status, in lifecycle order.  ``importing``: ``tcc import`` is writing the run
+#: (nothing resumes it; an import that was interrupted leaves it so, and importing the
+#: file again replaces it).  ``queued``: submitted (``tcc submit``), not started yet: a
+#: worker starts it.  ``unverified``: the run returned, but its verify check did not pass.
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 #: The run has not ended: it waits for a worker to start it (``queued``), its owner is
 #: executing it (``running``), or it is parked until a signal (``waiting``) or a time
@@ -57,13 +59,15 @@ LIVE_STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting", "sleepin
 #: The live statuses of a run parked until a signal or a time (a worker resumes it).
 PARKED_STATUSES: tuple[RunStatus, ...] = ("waiting", "sleeping")
 #: The run has ended: nothing resumes it by itself (``tcc resume`` may retry a
-#: ``failed`` one).  Together with LIVE_STATUSES, every status.
+#: ``failed`` one).  Together with LIVE_STATUSES, every status but ``importing``.
 FINISHED_STATUSES: tuple[RunStatus, ...] = ("completed", "unverified", "failed", "cancelled")
 #: The run's function returned, so its result is recorded.
 RETURNED_STATUSES: tuple[RunStatus, ...] = ("completed", "unverified")
 #: No writer may change the run any more: every fenced write to it, and every
 #: :meth:`Store.claim_run` and :meth:`Store.cancel_run`, raises FencedError.
 FINAL_STATUSES: tuple[RunStatus, ...] = ("completed", "cancelled")
+#: The statuses a run may be created in (:meth:`Store.create_run`).
+CREATE_STATUSES: tuple[RunStatus, ...] = ("running", "queued", "importing")
 
 Durability = Literal["sync", "group", "none"]
 #: Durability modes of a store (``open_store(durability=...)``): ``sync`` makes each
@@ -250,16 +254,21 @@ class Store(Protocol):
         run_id: str | None = None,
         lease: float = 30.0,
         keep: int | None = None,
-        queued: bool = False,
+        status: str = "running",
         spawned_by: str | None = None,
+        info: Mapping[str, Any] | None = None,
     ) -> RunInfo:
         """Create a run owned by this process: epoch 1, status ``running``, lease
         ``lease`` seconds from now, and a ``created`` event, in one transaction.
 
-        ``queued`` (``tcc submit``): status ``queued`` and no lease instead, for a worker
-        to start; workers are told at once
-        where the store can (PostgreSQL: NOTIFY).  ``spawned_by``: the run whose ``tcc.spawn`` created this one;
-        when this run finishes, that run is made due (its worker looks at it).
+        ``status`` (one of :data:`CREATE_STATUSES`): ``queued`` (``tcc submit``) or
+        ``importing`` (``tcc import``) instead create it with no lease: a queued run for a
+        worker to start (workers are told at once where the store can: PostgreSQL's
+        NOTIFY), an importing one for nothing to resume until its creator sets its status.
+        ``spawned_by``: the run whose ``tcc.spawn`` created this one; when this run
+        finishes, that run is made due (its worker looks at it).  ``info``: more data for
+        the ``created`` event (JSON-able; it may not replace ``entry``, ``epoch`` or
+        ``status``), written in the same transaction.
 
         ``run_id`` (default: a new random id) must be new: StoreError if the
         tenant has a run of that id, StoreCorruptError if records of a run of

@@ -137,6 +137,33 @@ def check_int(what: str, value: object, least: int = 0) -> int:
     return value
 
 
+def created_event(entry: str, status: str, info: Any, spawned_by: str | None) -> dict[str, Any]:
+    """The data of a new run's ``created`` event, once ``create_run``'s ``status``, ``info``
+    and ``spawned_by`` are checked (UsageError naming what is wrong)."""
+    from ._api import CREATE_STATUSES
+
+    if status not in CREATE_STATUSES:
+        raise UsageError(f"a run is created {', '.join(CREATE_STATUSES[:-1])} or "
+                         f"{CREATE_STATUSES[-1]}, not {status!r}")
+    if spawned_by is not None:
+        check_name("run id", spawned_by)
+    data: dict[str, Any] = {"entry": entry, "epoch": 1}
+    if status != "running":
+        data["status"] = status
+    if info is not None:
+        if not isinstance(info, dict) or not all(isinstance(k, str) for k in info):
+            raise UsageError(f"info must be a dict with str keys, not {type(info).__name__}")
+        clash = sorted(set(info) & {"entry", "epoch", "status"})
+        if clash:
+            raise UsageError(f"info may not set {', '.join(clash)} of the created event")
+        try:
+            json.dumps(info)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"info must be JSON-able: {exc}") from None
+        data.update(info)
+    return data
+
+
 def u64(n: int) -> bytes:
     """Big-endian u64, so byte order is numeric order."""
     return _U64.pack(n)

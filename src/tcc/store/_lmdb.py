@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from ..errors import TccError
 from . import _code, _events, _journal, _retention, _runs, _signals, _snapshots
 from ._api import Completion, Event, GcStats, JournalRecord, RunInfo, SnapshotInfo
+from ._codec import check_name
 from ._chunks import Payload
 from ._crypt import StoreKey
 from ._scope import Scope
@@ -130,17 +131,20 @@ class LmdbStore:
         run_id: str | None = None,
         lease: float = 30.0,
         keep: int | None = None,
-        queued: bool = False,
+        status: str = "running",
         spawned_by: str | None = None,
+        info: Mapping[str, Any] | None = None,
     ) -> RunInfo:
-        """Create a run owned by this process: epoch 1, status ``running`` (``queued``:
-        status ``queued`` and no lease, for a worker to start).
+        """Create a run owned by this process: epoch 1, status ``running`` (or ``queued``,
+        ``importing``: no lease; see :meth:`tcc.store.Store.create_run`).
 
         ``keep``: the run's own snapshot retention (default: the store's).  ``spawned_by``
-        is accepted for the interface: the worker of an LMDB store reads a parent's wait
-        from its events."""
+        is checked and otherwise unused: the worker of an LMDB store reads a parent's wait
+        from its events.  ``info``: more data for the ``created`` event."""
+        if spawned_by is not None:
+            check_name("run id", spawned_by)
         return _runs.create_run(self._scope, entry, args, strategy=strategy, run_id=run_id,
-                                lease=lease, keep=keep, queued=queued)
+                                lease=lease, keep=keep, status=status, info=info)
 
     def get_run(self, run_id: str) -> RunInfo:
         """The run, or RunNotFoundError (also for other tenants' runs)."""

@@ -97,7 +97,12 @@ def claim_due(store: PgStore, limit: int, *, lease: float, check: Callable[[RunI
                 if damaged is not None:
                     damaged.append((row[0], str(exc)))
                 continue
-            what, detail = check(run)
+            try:
+                what, detail = check(run)
+            except StoreCorruptError as exc:  # its trail, a child's record: needs a person
+                if damaged is not None:
+                    damaged.append((run.run_id, str(exc)))
+                continue
             if what == "claim":
                 out.append((claim(conn, store, run, lease, str(detail)), str(detail)))
             elif what == "later" and run.status in PARKED_STATUSES:

@@ -255,7 +255,7 @@ CREATE TABLE tcc.code (
 # running run is due when its lease expires.  ``spawned_by``: the run a ``tcc.spawn``
 # child wakes when it finishes.  The indexes are what a worker's claim query reads.
 # Runs parked before this version are made due once: the worker checks each and clears
-# what is not due yet.
+# what is not due yet; the children runs spawned before it get their ``spawned_by``.
 _V3 = """
 ALTER TABLE tcc.runs ADD COLUMN wake timestamptz;
 ALTER TABLE tcc.runs ADD COLUMN spawned_by text;
@@ -265,6 +265,10 @@ CREATE INDEX runs_lease ON tcc.runs (tenant, lease_expiry) WHERE status = 'runni
 CREATE INDEX runs_by_host ON tcc.runs (tenant, owner_host)
     WHERE status IN ('queued', 'running', 'waiting', 'sleeping');
 UPDATE tcc.runs SET wake = now() WHERE status IN ('waiting', 'sleeping');
+-- the children older runs spawned: a child's id is its parent's, a dot and a number
+UPDATE tcc.runs c SET spawned_by = p.run_id FROM tcc.runs p
+ WHERE c.spawned_by IS NULL AND p.tenant = c.tenant
+   AND c.run_id = p.run_id || '.' || substring(c.run_id FROM '[.]([0-9]+)$');
 """
 
 #: The channel of the NOTIFY a work-creating write sends (payload: the tenant).

@@ -91,7 +91,7 @@ from ._chunks import (
     split,
 )
 from . import _code
-from ._codec import Corrupt, Sealer, as_bytes, check_int, check_name, seq_key
+from ._codec import Corrupt, Sealer, as_bytes, check_int, check_name, created_event, seq_key
 from ._crypt import Crypt, StoreKey, key_id
 from ._pgschema import CHUNK_LOCK, MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, WORK_CHANNEL
 from ._pgurl import is_postgres_url, redact
@@ -511,44 +511,45 @@ class PgStore:
 
     def create_run(self, entry: str, args: bytes = b"", *, strategy: str = "continuation",
                    run_id: str | None = None, lease: float = 30.0,
-                   keep: int | None = None, queued: bool = False,
-                   spawned_by: str | None = None) -> RunInfo:
+                   keep: int | None = None, status: str = "running",
+                   spawned_by: str | None = None,
+                   info: Mapping[str, Any] | None = None) -> RunInfo:
         rid = self._rid(uuid.uuid4().hex if run_id is None else run_id, new=True)
         if keep is not None:
             check_int("keep", keep, 1)
         if not isinstance(entry, str) or not entry:
             raise UsageError(f"entry must be a non-empty string (script[:function]), not {entry!r}")
         _check_lease(lease)
-        if spawned_by is not None:
-            check_name("run id", spawned_by)
+        event = created_event(entry, status, info, spawned_by)
         hdr = {"entry": entry, "strategy": strategy, "parent": None}
         rec = self._seal_run(rid, hdr, {"args": as_bytes("args", args)})
         pe = self._errors
 
         def op(conn: Any) -> RunInfo:
             try:
-                # a queued run: no owner's lease, and due now (its wake orders the queue)
+                # only a running run has an owner's lease; a queued one is due now (its
+                # wake orders the queue)
                 conn.execute(
                     "INSERT INTO tcc.runs (tenant, run_id, status, epoch, owner_host, owner_pid, "
                     "lease_expiry, keep, record, wake, spawned_by) VALUES (%s, %s, %s, 1, %s, "
                     "%s, now() + make_interval(secs => %s), %s, %s, "
                     "CASE WHEN %s THEN clock_timestamp() END, %s)",
-                    (self.tenant, rid.decode(), "queued" if queued else "running", HOST,
-                     os.getpid(), 0.0 if queued else float(lease), keep, rec, bool(queued),
+                    (self.tenant, rid.decode(), status, HOST, os.getpid(),
+                     float(lease) if status == "running" else 0.0, keep, rec, status == "queued",
                      spawned_by))
             except pe.UniqueViolation:
                 raise StoreError(f"run {rid.decode()!r} already exists in store {self.path}") from None
-            self._event(conn, rid, "created", {"entry": entry, "epoch": 1,
-                                               **({"queued": True} if queued else {})})
-            # a queued run is work now; any other new run will be if its owner dies: idle
+            self._event(conn, rid, "created", event)
+            # a queued run is work now; a running one will be if its owner dies: idle
             # workers learn its lease (and, on its host, its pid) at once
-            self._notify(conn)
+            if status != "importing":
+                self._notify(conn)
             return self._info(self._load_run(conn, rid))
 
-        info = self._tx(op, f"creating run {rid.decode()!r}")
+        info_ = self._tx(op, f"creating run {rid.decode()!r}")
         memo = self._memo(rid)
         memo.jlen, memo.made = 0, 0
-        return info
+        return info_
 
     def _notify(self, conn: Any) -> None:
         """Wake idle workers (``LISTEN tcc_work``) when this transaction commits: only for
@@ -722,14 +723,18 @@ class PgStore:
         _check_epoch(epoch)
 
         def op(conn: Any) -> RunInfo:
+            # a release (lease 0) of a parked run that something made due meanwhile (a
+            # signal, a child's end: their NOTIFY found it still held) notifies again
             row = conn.execute(
-                "UPDATE tcc.runs SET lease_expiry = now() + make_interval(secs => %s), "
+                "WITH u AS (UPDATE tcc.runs SET lease_expiry = now() + make_interval(secs => %s), "
                 f"updated = now() WHERE tenant = %s AND run_id = %s AND epoch = %s AND status "
-                f"NOT IN ('completed', 'cancelled') RETURNING {self._RUN_COLS}",
-                (float(lease), self.tenant, rid.decode(), epoch)).fetchone()
+                f"NOT IN ('completed', 'cancelled') RETURNING *) SELECT {self._RUN_COLS}, "
+                "CASE WHEN %s = 0 AND status IN ('queued', 'waiting', 'sleeping') AND wake <= now() "
+                "THEN pg_notify(%s, tenant) END FROM u",
+                (float(lease), self.tenant, rid.decode(), epoch, float(lease), WORK_CHANNEL)).fetchone()
             if row is None:
                 raise self._fence_error(conn, rid, epoch)
-            return self._info(tuple(row))
+            return self._info(tuple(row[:-1]))
 
         return self._tx(op, f"renewing the lease of run {run_id!r}", transaction=False)
 
@@ -745,10 +750,12 @@ class PgStore:
         # When a worker should look at the run next (see _pgschema, version 3): a sleep at
         # its end; a running or finished run never by time (a running one by its lease); a
         # waiting one keeps what a signal or a child set meanwhile (the worker checks it).
+        # (a wait's deadline, if it has one, is the latest a waiting run is due)
         sets, wake_params = {
             "sleeping": (", wake = to_timestamp(%s)", (time.time() if wake is None else wake)
                          + self._skew),
-            "waiting": ("", None),
+            "waiting": ("", None) if wake is None else
+                       (", wake = least(wake, to_timestamp(%s))", wake + self._skew),
             "queued": (", wake = clock_timestamp()", None),
         }.get(status, (", wake = NULL", None))
 
@@ -764,7 +771,9 @@ class PgStore:
                                 (status, self._seal_run(rid, hdr, blobs),
                                  *(() if wake_params is None else (wake_params,))))
             self._event(conn, rid, status, {"epoch": epoch})
-            notify = status == "sleeping"  # idle workers learn the sleep's end
+            # idle workers learn a sleep's end or a wait's deadline, and a queued run
+            notify = status != "running" and status not in FINISHED_STATUSES \
+                and (status != "waiting" or wake is not None)
             if status in FINISHED_STATUSES:  # the run that spawned it may be waiting for it
                 notify = conn.execute(
                     "UPDATE tcc.runs p SET wake = clock_timestamp() FROM tcc.runs c "

@@ -10,6 +10,7 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._proc import pid_alive
@@ -17,7 +18,7 @@ from ..errors import FencedError, StoreCorruptError, StoreError, UsageError
 from . import _inflight as inflight
 from ._api import FINAL_STATUSES, HOST, RUN_STATUSES, RunInfo
 from ._chunkrefs import apply_diff
-from ._codec import Corrupt, as_bytes, check_int, iter_prefix, seq_key, snap_rows, u64
+from ._codec import Corrupt, as_bytes, check_int, created_event, iter_prefix, seq_key, snap_rows, u64
 from ._events import append_event
 from ._heads import HEAD, add_member, check_tally, indexed, put_index
 from ._runrecord import check_no_remains, fence, load_run, put_run, run_info
@@ -50,7 +51,8 @@ def _count_run(scope: Scope, txn: Any, delta: int) -> None:
 
 # ---------------------------------------------------------------- lifecycle
 def create_run(scope: Scope, entry: str, args: bytes, *, strategy: str, run_id: str | None,
-               lease: float, keep: int | None, queued: bool = False) -> RunInfo:
+               lease: float, keep: int | None, status: str = "running",
+               info: Mapping[str, Any] | None = None) -> RunInfo:
     """See :meth:`tcc.store.LmdbStore.create_run`."""
     rid = scope.check_run_id(uuid.uuid4().hex if run_id is None else run_id, new=True)
     if keep is not None:
@@ -58,10 +60,11 @@ def create_run(scope: Scope, entry: str, args: bytes, *, strategy: str, run_id: 
     if not isinstance(entry, str) or not entry:
         raise UsageError(f"entry must be a non-empty string (script[:function]), not {entry!r}")
     _check_lease(lease)
+    event = created_event(entry, status, info, None)
     now = time.time()
-    hdr = {"entry": entry, "strategy": strategy, "status": "queued" if queued else "running",
+    hdr = {"entry": entry, "strategy": strategy, "status": status,
            "created": now, "updated": now, "epoch": 1, "host": HOST, "pid": os.getpid(),
-           "lease": 0.0 if queued else now + lease, "parent": None}
+           "lease": now + lease if status == "running" else 0.0, "parent": None}
     if keep is not None:
         hdr["keep"] = keep
     blobs = {"args": as_bytes("args", args)}
@@ -72,8 +75,7 @@ def create_run(scope: Scope, entry: str, args: bytes, *, strategy: str, run_id: 
         check_no_remains(scope, txn, rid)
         put_run(scope, txn, rid, hdr, blobs)
         _count_run(scope, txn, 1)
-        append_event(scope, txn, rid, "created", {"entry": entry, "epoch": 1,
-                                                  **({"queued": True} if queued else {})})
+        append_event(scope, txn, rid, "created", event)
         return run_info(scope, rid, hdr, blobs)
 
     return scope.write(op)

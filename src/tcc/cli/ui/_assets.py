@@ -155,7 +155,7 @@ th { font-size: .8rem; color: var(--dim); font-weight: 600; }
 table.facts { width: auto; } table.facts th { padding-right: 1.2rem; }
 .dim { color: var(--dim); } .error { color: var(--bad); } .note { color: var(--warn); }
 .badge { display: inline-block; padding: .05rem .45rem; border-radius: .6rem; font-size: .8rem; background: #e4e7ee; }
-.s-queued { background: #eef0f3; } .s-running { background: #dbe7ff; } .s-waiting { background: #ffe9b8; } .s-sleeping { background: #e9e0ff; }
+.s-importing, .s-queued { background: #eef0f3; } .s-running { background: #dbe7ff; } .s-waiting { background: #ffe9b8; } .s-sleeping { background: #e9e0ff; }
 .s-completed { background: #d7f2dd; } .s-failed, .s-unverified { background: #ffd9d6; } .s-cancelled { background: #e4e4e4; }
 tr.needs-human { background: #fff6dc; }
 .needs { background: var(--warn); color: #fff; border-radius: .6rem; padding: .05rem .45rem; font-size: .75rem; }
