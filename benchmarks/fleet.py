@@ -18,10 +18,10 @@ measurement gets a database of its own on it.  Measured, in one run:
    (``tcc resume`` spawned, store opened, continuation restored).  The expected floor is the
    lease left at the kill: ``lease_expiry`` (read from ``tcc.runs`` after the kill) - kill
    time = L - time since the last renewal (the heartbeat renews every L/3).  The quick
-   profile adds a worker of the *same* host (it may take the run before the lease ends, the
-   owner's pid being gone, but only once it wakes up) and ``early-kill``: the worker is up
-   before the run starts and the kill comes 1 s after the run's start, before the worker's
-   next poll (every 5 s) has seen the run -- a foreground ``tcc run`` sends no NOTIFY.
+   profile adds a worker of the *same* host (it holds a pidfd of the owner and takes the run
+   when the owner exits: the lease floor does not apply) and ``early-kill``: the worker is
+   up before the run starts and the kill comes 1 s after the run's start, before the
+   worker's next poll (every 5 s); the new run's NOTIFY told it the run's lease.
 2. **Fleet throughput**: a batch of runs of the same agent (``steps`` effects, no delay)
    with 1, 2 and 4 ``tcc worker --concurrency C`` processes (each its own ``$TCC_HOST_ID``),
    next to 1, 2 and 4 DBOS processes (``peers/fleet_child_dbos.py``: ``DBOS.launch()``, a
@@ -234,7 +234,7 @@ def takeover_round(procs: Procs, srv: Any, work: pathlib.Path, *, lease: float, 
     wargs = ["--concurrency", "2", "--lease", f"{lease:g}"]
     workers: list[subprocess.Popen[bytes]] = []
     wlogs: list[pathlib.Path] = []
-    if worker_first:  # idle since before the run: it learns of the run at its next poll
+    if worker_first:  # idle since before the run: the run's creation notifies it
         workers, wlogs = start_tcc_workers(procs, srv, db, url, key, work, [worker_host], wargs)
     owner = procs.start(tcc_cmd("run", "--lease", f"{lease:g}", "--run-id", "takeover", AGENT, str(log), "t",
                                 "100000", str(STEP_DELAY)), tcc_env(url, key, "hostA"), run_log)
@@ -640,9 +640,10 @@ def render(raw: dict[str, Any]) -> str:
         "",
         "**Takeover of a dead host's run**: a `tcc run --lease L` of host hostA (an effect every"
         f" {STEP_DELAY * 1e3:.0f} ms) is SIGKILLed {raw['profile_settings']['kill_after']:g} s after an idle"
-        " `tcc worker --lease L` of host hostB (same-host: hostA) has started and polled once (early-kill:"
+        " `tcc worker --lease L` of host hostB (same-host: hostA, which takes the run when the owner's"
+        " process exits, so the floor does not apply) has started and polled once (early-kill:"
         " the worker was up before the run, and the kill comes 1 s after the run's start, before the worker's"
-        " 5 s poll has seen it). Takeover = kill -> first effect of the resumed run;"
+        " 5 s poll; the run's creation notified it). Takeover = kill -> first effect of the resumed run;"
         " floor = the lease left at the kill (L - time since the last renewal; the heartbeat renews every L/3)."
         " Medians ± half-range.",
         "",
