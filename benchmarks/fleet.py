@@ -721,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from benchmarks.peers import pg_tcc
+    from benchmarks.peers import _harness, pg_tcc
     from benchmarks.recovery import compile_bytecode
 
     ok, why = pg_tcc.available()
@@ -738,18 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     raw.update(profile=profile_name, profile_settings=profile, python=platform.python_version(),
                machine=platform.machine(), cpus=os.cpu_count(), started=started, tcc_version=pg_tcc.version(),
                elapsed_s=time.time() - started, step_delay_s=STEP_DELAY)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"fleet-{profile_name}-{stamp}.json"
-    out.write_text(json.dumps(raw, indent=1, default=str))
-    table = render(raw)
-    out.with_suffix(".md").write_text(table + "\n")
-    log("")
-    log(table)
-    log("")
-    log(f"raw results: {out} ({raw['elapsed_s']:.0f} s)")
-    for p in raw["problems"]:
-        log(f"PROBLEM: {p}")
-    return 1 if raw["problems"] else 0
+    return _harness.write_results(RESULTS, f"fleet-{profile_name}", raw, render, log)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ status says only whether every system produced numbers and returned the expected
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -273,18 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 raw["rows"].append({"system": name, "n": n, "regime": label, "missing": True, "why": why})
     problems = check(raw, args.systems)
     raw["problems"] = problems
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"pg-{profile_name}-{stamp}.json"
-    out.write_text(json.dumps(raw, indent=1, default=str))
-    table = render(raw)
-    out.with_suffix(".md").write_text(table + "\n")
-    log("")
-    log(table)
-    log("")
-    log(f"raw results: {out} ({raw['elapsed_s']:.0f} s)")
-    for p in problems:
-        log(f"PROBLEM: {p}")
-    return 1 if problems else 0
+    return _harness.write_results(RESULTS, f"pg-{profile_name}", raw, render, log)
 
 
 if __name__ == "__main__":

@@ -173,3 +173,21 @@ def run_peer(
         "python": sys.version.split()[0],
         "notes": notes,
     }
+
+
+def write_results(results: pathlib.Path, name: str, raw: dict[str, Any],
+                  render: Callable[[dict[str, Any]], str], log: Callable[[str], None]) -> int:
+    """Write ``raw`` to ``results/NAME-TIME.json`` and its rendered table next to it (.md),
+    log the table and every problem in ``raw["problems"]``; the exit status (1 if any)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = results / f"{name}-{stamp}.json"
+    out.write_text(json.dumps(raw, indent=1, default=str))
+    table = render(raw)
+    out.with_suffix(".md").write_text(table + "\n")
+    log("")
+    log(table)
+    log("")
+    log(f"raw results: {out} ({raw['elapsed_s']:.0f} s)")
+    for p in raw["problems"]:
+        log(f"PROBLEM: {p}")
+    return 1 if raw["problems"] else 0

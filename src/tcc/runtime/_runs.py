@@ -326,6 +326,21 @@ def reusable_run(store: Store, run_id: str, script: str | Callable[..., Any], ar
     return existing
 
 
+def _new_run(script: str | Callable[..., Any], args: Sequence[Any], on_code_change: str,
+             pinned: PinnedCode | None = None) -> tuple[str, Any]:
+    """The stored entry of a new run of ``script`` and its function, once the usage errors
+    a new run can have (an unknown policy, no such function, arguments it cannot take) are
+    ruled out, before anything is stored.  ``pinned``: the function comes from that
+    recorded code, and ``script`` is the stored entry of it."""
+    if on_code_change not in CODE_POLICIES:
+        raise errors.UsageError(f"unknown --on-code-change policy {on_code_change!r}; choose one "
+                                f"of {', '.join(CODE_POLICIES)}")
+    entry = script if pinned is not None and isinstance(script, str) else _entry(script)
+    func = _entry_function(entry, pinned) if pinned is not None else _scripts.resolve(entry)
+    check_call(func, args, entry)
+    return entry, func
+
+
 def start(
     store: Store,
     script: str | Callable[..., Any],
@@ -358,14 +373,7 @@ def start(
     ``pinned``: start on that recorded code (a child of a run that continues on its
     recorded code, ``tcc.spawn``), not on the current files.
     """
-    if on_code_change not in CODE_POLICIES:
-        raise errors.UsageError(f"unknown --on-code-change policy {on_code_change!r}; choose one "
-                                f"of {', '.join(CODE_POLICIES)}")
-    # (a pinned start is given the stored entry of its run's code)
-    entry = script if pinned is not None and isinstance(script, str) else _entry(script)
-    # usage errors before anything is stored
-    func = _entry_function(entry, pinned) if pinned is not None else _scripts.resolve(entry)
-    check_call(func, args, entry)
+    entry, func = _new_run(script, args, on_code_change, pinned)
     check = _verify_func(entry, verify, pinned) if parent is None or verify else None
     if is_sync(func):
         strategy = "replay"
@@ -429,12 +437,7 @@ def submit(
     the workers must see the script at the same path.  The options are :func:`start`'s and
     are recorded in its ``created`` event; the worker's ``tcc resume`` starts the run
     with them (a ``started`` event)."""
-    if on_code_change not in CODE_POLICIES:
-        raise errors.UsageError(f"unknown --on-code-change policy {on_code_change!r}; choose one "
-                                f"of {', '.join(CODE_POLICIES)}")
-    entry = _entry(script)
-    func = _scripts.resolve(entry)
-    check_call(func, args, entry)
+    entry, func = _new_run(script, args, on_code_change)
     check = _verify_func(entry, verify)
     if is_sync(func):
         strategy = "replay"

@@ -85,7 +85,6 @@ import hashlib
 import json
 import os
 import secrets
-import stat
 import struct
 import tempfile
 import time
@@ -95,7 +94,8 @@ from typing import Any
 import zstandard
 
 from .. import _version, errors
-from ..store import HOST, PARKED_STATUSES, Completion, JournalRecord, RunInfo, Store, check_name, redact_url
+from ..store import (HOST, PARKED_STATUSES, Completion, JournalRecord, RunInfo, Store, check_name,
+                     read_secret_file, redact_url, write_key_file)
 from ._pinning import CODE_EVENT
 from ._views import owner_alive
 
@@ -108,7 +108,6 @@ FORMAT = "tcc-run-export"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">8sH8s12sQ")
 _TAG = 16
-_KEY_FILE_MAX = 4096
 _READS = 5  # tries at reading a run that keeps changing meanwhile
 _CLAIMS = ("taken_over", "reclaimed")
 
@@ -119,25 +118,7 @@ def read_transfer_key(path: str | os.PathLike[str]) -> bytes:
     """The 32-byte transfer key in ``path``: 64 hex digits in a regular file of this user,
     closed to group and others (the rules of a store key file)."""
     where = os.fspath(path)
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise errors.UsageError(f"cannot read the transfer key file {where}: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise errors.StoreInsecureError(f"the transfer key file {where} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise errors.StoreInsecureError(
-                f"the transfer key file {where} belongs to uid {st.st_uid}, not to this user "
-                f"(uid {os.geteuid()}): whoever owns it controls the key; chown it")
-        if st.st_mode & 0o077:
-            raise errors.StoreInsecureError(
-                f"the transfer key file {where} has mode {stat.S_IMODE(st.st_mode):o}: other users "
-                f"could read it; chmod 600 {where}")
-        data = os.read(fd, _KEY_FILE_MAX + 1)
-    finally:
-        os.close(fd)
+    data = read_secret_file(where, f"the transfer key file {where}", unreadable=errors.UsageError)
     text = data.decode("ascii", "replace").strip()
     if len(text) != 64:
         raise errors.UsageError(f"the transfer key file {where} must hold 64 hex digits, "
@@ -153,28 +134,8 @@ def make_transfer_key(path: str | os.PathLike[str]) -> bool:
     """Create ``path`` with a new random transfer key (mode 0600) unless it exists; True if
     created.  Written in full under a temporary name, then linked into place (which fails
     if the name exists), so no reader ever sees a half-written key."""
-    where = os.fspath(path)
-    if os.path.lexists(where):
-        return False
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tcc-key-", dir=os.path.dirname(os.path.abspath(where)))
-    except OSError as exc:
-        raise errors.UsageError(f"cannot create the transfer key file {where}: {exc.strerror}") from None
-    try:
-        try:
-            os.write(fd, (secrets.token_bytes(32).hex() + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, where)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            raise errors.UsageError(f"cannot create the transfer key file {where}: {exc.strerror}") from None
-    finally:
-        os.unlink(tmp)
-    return True
+    return write_key_file(os.fspath(path), f"the transfer key file {os.fspath(path)}",
+                          error=errors.UsageError)
 
 
 def key_id(key: bytes) -> str:

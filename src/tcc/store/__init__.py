@@ -78,7 +78,9 @@ __all__ = [
     "init_store",
     "is_postgres_url",
     "open_store",
+    "read_secret_file",
     "redact_url",
+    "write_key_file",
 ]
 
 
@@ -228,34 +230,25 @@ def init_store(
     return store, made
 
 
+def read_secret_file(path: str, name: str, *, unreadable: type[Exception] | None = None) -> bytes:
+    """The first bytes of the key file ``path``, once it is checked to be a regular file of
+    this user, closed to group and others (the rules of a store key file); ``name``: how
+    messages call it; ``unreadable``: the error if it cannot be opened (StoreError)."""
+    from ..errors import StoreError
+    from ._crypt import read_secret_file as read
+
+    return read(path, name, unreadable=unreadable or StoreError)
+
+
+def write_key_file(path: str, name: str, *, error: type[Exception] | None = None) -> bool:
+    """Create ``path`` with a new random key (64 hex digits, mode 0600) unless it exists;
+    True if created (never half-written: see ``_crypt.write_key_file``)."""
+    from ..errors import StoreError
+    from ._crypt import write_key_file as write
+
+    return write(path, name, error=error or StoreError)
+
+
 def _make_key_file(path: str) -> bool:
     """Create ``path`` with a new random key (mode 0600) unless it exists; True if created."""
-    import secrets
-    import tempfile
-
-    from ..errors import StoreError
-
-    if os.path.lexists(path):
-        return False
-    # Written in full under a temporary name (mkstemp: mode 0600), then linked into place,
-    # which fails if the name exists: a `tcc init` racing this one never reads a key file
-    # that is still empty.
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tcc-key-", dir=os.path.dirname(os.path.abspath(path)))
-    except OSError as exc:
-        raise StoreError(f"cannot create the key file {path}: {exc.strerror}") from None
-    try:
-        try:
-            os.write(fd, (secrets.token_bytes(32).hex() + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            raise StoreError(f"cannot create the key file {path}: {exc.strerror}") from None
-    finally:
-        os.unlink(tmp)
-    return True
+    return write_key_file(path, f"the key file {path}")

@@ -149,29 +149,70 @@ def _parse(raw: bytes | str, what: str) -> bytes:
         raise UsageError(f"{what} must be 64 hex digits (0-9 a-f), and it is not") from None
 
 
+def read_secret_file(path: str, name: str, *, unreadable: type[Exception] = StoreError) -> bytes:
+    """The first bytes of the secret file ``path`` (a key is far smaller: more than
+    ``_KEY_FILE_MAX`` means it is not one), once it is checked to be a regular file of this
+    user, closed to group and others.  ``name`` is how messages call it (``the store key
+    file (TCC_STORE_KEY_FILE=PATH)``); ``unreadable``: the error if it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise unreadable(f"cannot read {name}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreInsecureError(f"{name} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise StoreInsecureError(
+                f"{name} belongs to uid {st.st_uid}, not to this user "
+                f"(uid {os.geteuid()}): whoever owns it controls the key; chown it")
+        if st.st_mode & 0o077:
+            raise StoreInsecureError(
+                f"{name} has mode {stat.S_IMODE(st.st_mode):o}: other users "
+                f"could read it; chmod 600 {path}")
+        return os.read(fd, _KEY_FILE_MAX + 1)
+    finally:
+        os.close(fd)
+
+
+def write_key_file(path: str, name: str, *, error: type[Exception] = StoreError) -> bool:
+    """Create ``path`` with a new random key (64 hex digits, mode 0600) unless it exists;
+    True if created.  ``name``: how messages call it; ``error``: what a failure raises.
+
+    Written in full under a temporary name (mkstemp: mode 0600), then linked into place,
+    which fails if the name exists: a process racing this one never reads a key file that
+    is still empty."""
+    import secrets
+    import tempfile
+
+    if os.path.lexists(path):
+        return False
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tcc-key-", dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as exc:
+        raise error(f"cannot create {name}: {exc.strerror}") from None
+    try:
+        try:
+            os.write(fd, (secrets.token_bytes(32).hex() + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise error(f"cannot create {name}: {exc.strerror}") from None
+    finally:
+        os.unlink(tmp)
+    return True
+
+
 def _read_key_file(path: str, label: str | None = None) -> bytes:
     """The key in ``path``: a regular file of this user, closed to group and others.
     ``label``: how messages name it (default ``TCC_STORE_KEY_FILE=path``)."""
     where = label or f"{KEY_FILE_ENV}={path}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StoreError(f"cannot read the store key file ({where}): {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreInsecureError(f"the store key file ({where}) is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise StoreInsecureError(
-                f"the store key file ({where}) belongs to uid {st.st_uid}, not to this user "
-                f"(uid {os.geteuid()}): whoever owns it controls the key; chown it")
-        if st.st_mode & 0o077:
-            raise StoreInsecureError(
-                f"the store key file ({where}) has mode {stat.S_IMODE(st.st_mode):o}: other users "
-                f"could read it; chmod 600 {path}")
-        data = os.read(fd, _KEY_FILE_MAX + 1)
-    finally:
-        os.close(fd)
+    data = read_secret_file(path, f"the store key file ({where})")
     if len(data) > _KEY_FILE_MAX:
         raise UsageError(f"the store key file ({where}) is too large to be a key")
     return _parse(data, f"the store key in {where}")
