@@ -63,6 +63,8 @@ import time
 import traceback
 from typing import Any, Iterator
 
+from benchmarks import provenance
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 AGENT = str(ROOT / "benchmarks" / "peers" / "fleet_agent.py")
@@ -635,6 +637,7 @@ def render(raw: dict[str, Any]) -> str:
     s = raw["server_settings"]
     out = [
         f"Profile `{raw['profile']}`, Python {raw['python']}, {raw['cpus']} CPUs, {raw['elapsed_s']:.0f} s;"
+        f" {provenance.describe(raw.get('provenance'))};"
         f" PostgreSQL {s['server_version']} ({raw['server_origin']} server), fsync={s['fsync']},"
         f" synchronous_commit={s['synchronous_commit']}; tcc {raw['tcc_version']}, DBOS {raw['dbos_version']}.",
         "",
@@ -734,8 +737,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tcc-fleet-bench-") as tmp, fleet_server(args.dsn, log) as (srv, stm):
         work = pathlib.Path(tmp)
         os.chmod(work, 0o700)
+        origin = provenance.begin(work)
         raw = run(profile, srv, stm, work, log)
-    raw.update(profile=profile_name, profile_settings=profile, python=platform.python_version(),
+    raw.update(provenance=provenance.end(origin), profile=profile_name, profile_settings=profile, python=platform.python_version(),
                machine=platform.machine(), cpus=os.cpu_count(), started=started, tcc_version=pg_tcc.version(),
                elapsed_s=time.time() - started, step_delay_s=STEP_DELAY)
     return _harness.write_results(RESULTS, f"fleet-{profile_name}", raw, render, log)

@@ -39,6 +39,7 @@ import time
 import traceback
 from typing import Any
 
+from benchmarks import provenance
 from benchmarks.peers import _agent, _harness, pg_peers, pg_server, pg_tcc
 from benchmarks.recovery import WORK_MS, compile_bytecode, work_iters
 
@@ -154,6 +155,7 @@ def render(raw: dict[str, Any]) -> str:
     floor_s = fl["median_s"]
     out = [
         f"Profile `{raw['profile']}`, Python {raw['python']}, {raw['cpus']} CPUs, {raw['elapsed_s']:.0f} s;"
+        f" {provenance.describe(raw.get('provenance'))};"
         f" PostgreSQL {s['server_version']} ({raw['server_origin']} server), fsync={s['fsync']},"
         f" synchronous_commit={s['synchronous_commit']}, wal_sync_method={s['wal_sync_method']}.",
         "",
@@ -262,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tcc-pg-bench-") as tmp, pg_server.server(args.dsn, log) as srv:
         work = pathlib.Path(tmp)
         os.chmod(work, 0o700)
+        origin = provenance.begin(work)
         raw = run(profile, systems, srv, work, log)
-    raw.update(profile=profile_name, profile_settings=profile, python=platform.python_version(),
+    raw.update(provenance=provenance.end(origin), profile=profile_name, profile_settings=profile, python=platform.python_version(),
                machine=platform.machine(), cpus=os.cpu_count(), started=started, work_ms=WORK_MS,
                work_iters=work_iters(), systems=systems, skipped=skipped, elapsed_s=time.time() - started)
     for name, why in skipped.items():

@@ -4,12 +4,16 @@
     python -m benchmarks.recovery --quick    # a few minutes on 2 cores
     python -m benchmarks.recovery --full     # adds N = 10,000
 
-Writes raw JSON to ``benchmarks/results/`` and, from it, the table in
-``benchmarks/README.md`` and the figures and tables under ``paper/generated/``
-(``python -m benchmarks.report FILE`` re-renders them from any raw file).
+Writes raw JSON to ``benchmarks/results/``, with the run's provenance (git commit and
+dirty flag, library versions, kernel, file system, measured fsync cost, load average
+before and after: ``benchmarks/provenance.py``).  Only ``--full`` renders into the
+committed ``paper/generated/`` and the table in ``benchmarks/README.md``; ``--smoke`` and
+``--quick`` render next to their raw file (``benchmarks/results/NAME/``), so a short run
+never replaces the paper's numbers.  ``python -m benchmarks.report FILE`` re-renders any
+raw file (``--out DIR``).
 
-What is measured (all strategies side by side, repetitions interleaved
-A B C A B C ...):
+What is measured (all strategies side by side, repetitions interleaved, the order of
+the systems shuffled in every round with a recorded seed: A C B, B A C, ...):
 
 * recovery latency after a SIGKILL inside step N-1, for N in the size list,
   in-process (open store -> continuation restored / journal replayed -> first
@@ -32,6 +36,7 @@ import json
 import os
 import pathlib
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -52,7 +57,7 @@ PROFILES = {
               "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
               "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000],
               "steady_sizes": [100, 1000], "held_bytes": 10 << 20},
-    "full": {"sizes": [10, 100, 1000, 10000], "repeats": 3, "regimes": ["const", "grow", "work"],
+    "full": {"sizes": [10, 100, 1000, 10000], "repeats": 10, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
              "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000, 10000],
              "steady_sizes": [100, 1000, 10000], "held_bytes": 100 << 20},
@@ -64,6 +69,16 @@ STRATEGIES = {"continuation": ("continuation", ()), "hybrid": ("hybrid", ("--sna
 
 
 WORK_ITERS: list[int] = []  # calibrated once per session, shared with the peers
+# The order of the systems within a round is shuffled (a fixed order biased an earlier
+# store benchmark by ~10%); ``main`` seeds it and records the seed in the raw file.
+ORDER = random.Random(0)
+
+
+def shuffled(items: Any) -> list[Any]:
+    """``items`` in this round's order."""
+    out = list(items)
+    ORDER.shuffle(out)
+    return out
 
 
 def work_iters() -> int:
@@ -228,7 +243,7 @@ def recovery_suite(profile: dict[str, Any], work: pathlib.Path, log: Any) -> lis
             samples: dict[str, dict[str, list[float]]] = {s: {"in": [], "whole": []} for s in STRATEGIES}
             bare: list[float] = []
             for _ in range(profile["repeats"]):
-                for s in STRATEGIES:  # interleaved: A B C A B C ...
+                for s in shuffled(STRATEGIES):  # interleaved, each round in its own order
                     samples[s]["in"].append(in_process(built[s]["store"], work))
                     samples[s]["whole"].append(whole_process(built[s]["store"], work))
                     bare.append(bare_interpreter())
@@ -266,7 +281,7 @@ def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -
     for size in profile["state_sizes"]:
         per: dict[str, list[float]] = {"continuation": [], "replay": []}
         for rep in range(profile["repeats"]):
-            for strategy in per:
+            for strategy in shuffled(per):
                 store_dir = work / f"ovh-{size}-{strategy}-{rep}"
                 with open_store(store_dir) as st:
                     t0 = time.perf_counter()
@@ -334,7 +349,7 @@ def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[
               ("hold", small, "continuation", "const")]
     samples: dict[tuple[str, int, str, str], list[float]] = {c: [] for c in cases}
     for rep in range(profile["repeats"]):
-        for case in cases:
+        for case in shuffled(cases):
             kind, n, strategy, regime = case
             gaps = step_gaps(agent, work / f"steady-{kind}-{n}-{strategy}-{regime}-{rep}", n, regime, strategy)
             samples[case].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
@@ -374,20 +389,24 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
         bare = _agent.bare_per_step_s(n, "grow", 0)
         systems = ["tcc continuation", "tcc replay", *[name for name, _ in peer_mods]]
         samples: dict[str, dict[str, list[float]]] = {s: {"mean": [], "tail": []} for s in systems}
+        mods = dict(peer_mods)
         for rep in range(profile["repeats"]):
-            for strategy in ("continuation", "replay"):
-                gaps = step_gaps(agent, work / f"steps-{n}-{strategy}-{rep}", n, "grow", strategy)
-                samples[f"tcc {strategy}"]["mean"].append(statistics.fmean(gaps))
-                samples[f"tcc {strategy}"]["tail"].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
-            for name, mod in peer_mods:
-                if n > STEP_COST_MAX_N.get(name, n):
+            for system in shuffled(systems):  # every system once per round, in its own order
+                if system.startswith("tcc "):
+                    strategy = system.split(" ", 1)[1]
+                    gaps = step_gaps(agent, work / f"steps-{n}-{strategy}-{rep}", n, "grow", strategy)
+                    samples[system]["mean"].append(statistics.fmean(gaps))
+                    samples[system]["tail"].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
                     continue
-                folder = work / f"steps-{name}-{n}-{rep}"
+                if n > STEP_COST_MAX_N.get(system, n):
+                    continue
+                folder = work / f"steps-{system}-{n}-{rep}"
                 folder.mkdir(parents=True, exist_ok=True)
-                row = mod.measure(n, regime="grow", work_ms=0.0, repeats=1, workdir=folder, work_iters=0)
+                row = mods[system].measure(n, regime="grow", work_ms=0.0, repeats=1, workdir=folder,
+                                           work_iters=0)
                 if row.get("final_result") not in (None, _agent.expected_result(n)):
-                    raise RuntimeError(f"{name} returned {row['final_result']} at N={n}")
-                samples[name]["mean"].append(row["per_step_overhead_runs_s"][0] + row["bare_step_s"])
+                    raise RuntimeError(f"{system} returned {row['final_result']} at N={n}")
+                samples[system]["mean"].append(row["per_step_overhead_runs_s"][0] + row["bare_step_s"])
                 shutil.rmtree(folder, ignore_errors=True)
         for system in systems:
             if not samples[system]["mean"]:
@@ -535,14 +554,23 @@ def main(argv: list[str] | None = None) -> int:
         group.add_argument(f"--{name}", dest="profile", action="store_const", const=name)
     parser.add_argument("--no-peers", action="store_true", help="skip DBOS and LangGraph")
     parser.add_argument("--no-render", action="store_true", help="write raw JSON only")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="render tables and figures into DIR (default: paper/generated/ and "
+                             "benchmarks/README.md for --full, benchmarks/results/NAME/ otherwise)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the shuffled order within rounds (default: a new one, recorded)")
     args = parser.parse_args(argv)
     profile_name = args.profile or "quick"
     profile = PROFILES[profile_name]
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    ORDER.seed(seed)
     RESULTS.mkdir(parents=True, exist_ok=True)
     compile_bytecode()
 
     def log(msg: str) -> None:
         print(msg, flush=True)
+
+    from benchmarks import provenance
 
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="tcc-bench-") as tmp:
@@ -550,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         raw: dict[str, Any] = {
             "profile": profile_name, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "started": started, "work_ms": WORK_MS, "hybrid_k": HYBRID_K,
+            "order_seed": seed, "provenance": provenance.begin(work),
             "work_iters": work_iters(),
         }
         raw["recovery"] = recovery_suite(profile, work, log)
@@ -559,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         raw["peers"] = [] if args.no_peers else peers(profile, work, log)
         raw["step_costs"] = [] if args.no_peers else step_costs(profile, work, log)
     raw["elapsed_s"] = time.time() - started
+    provenance.end(raw["provenance"])
     problems = check(raw)
     out = RESULTS / f"recovery-{profile_name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(raw, indent=1, default=str))
@@ -566,7 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_render:
         from benchmarks import report
 
-        report.render(raw, log)
+        publish = args.out is None and profile_name == "full"
+        report.render(raw, log, out=args.out or (None if publish else out.with_suffix("")),
+                      readme=publish)
     for p in problems:
         log(f"PROBLEM: {p}")
     return 1 if problems else 0

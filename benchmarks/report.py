@@ -1,18 +1,23 @@
 """Render the recovery harness's raw JSON into tables and figures.
 
-    python -m benchmarks.report benchmarks/results/recovery-quick-....json
+    python -m benchmarks.report benchmarks/results/recovery-full-....json [--out DIR]
 
-Writes ``paper/generated/results.md`` (every table of the paper),
-``paper/generated/*.png`` (figures, when matplotlib is installed) and the
-summary table between the markers in ``benchmarks/README.md``.  Every number
-is a median over interleaved repetitions, with its spread (max-min)/2, and a
-ratio against the continuation strategy measured in the same session.
+Writes ``results.md`` (every table of the paper) and ``*.png`` (figures, when
+matplotlib is installed) into ``paper/generated/`` for a ``full`` run, else into
+``benchmarks/results/<raw file's name>/`` (``--out`` chooses), and, for a ``full``
+run rendered into the paper, the summary table between the markers in
+``benchmarks/README.md``.  Every number is a median over interleaved repetitions,
+with its spread (max-min)/2, and a ratio against the continuation strategy measured
+in the same session; the header names the commit, kernel, file system, fsync cost and
+load the raw file recorded (``benchmarks/provenance.py``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
+import random
 import statistics
 import sys
 from typing import Any, Callable
@@ -35,6 +40,43 @@ def ms(x: float) -> str:
     return f"{x * 1e3:,.2f}"
 
 
+BOOTSTRAP = 2000  # resamples per interval
+
+
+def ci95(xs: list[float], seed: int = 0) -> tuple[float, float]:
+    """A 95% percentile-bootstrap confidence interval of the median of ``xs`` (seeded, so a
+    raw file always renders the same; with few repetitions it is wide, as it should be)."""
+    if not xs:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(BOOTSTRAP))
+    return meds[int(0.025 * BOOTSTRAP)], meds[int(0.975 * BOOTSTRAP) - 1]
+
+
+def ratio_ci95(xs: list[float], ys: list[float], seed: int = 0) -> tuple[float, float]:
+    """A 95% bootstrap interval of median(xs) / median(ys), each resampled on its own."""
+    if not xs or not ys:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(xs, k=len(xs)))
+                    / statistics.median(rng.choices(ys, k=len(ys))) for _ in range(BOOTSTRAP))
+    return ratios[int(0.025 * BOOTSTRAP)], ratios[int(0.975 * BOOTSTRAP) - 1]
+
+
+def ms_ci(xs: list[float]) -> str:
+    """``median [low–high]`` in ms: the 95% interval of the median."""
+    lo, hi = ci95(xs)
+    return f"{ms(med(xs))} [{ms(lo)}–{ms(hi)}]"
+
+
+def ratio_cell(xs: list[float], ys: list[float]) -> str:
+    """median(xs)/median(ys) with its 95% interval; marked ``*`` when the interval excludes
+    1 (the two differ at this confidence; otherwise no difference is claimed)."""
+    lo, hi = ratio_ci95(xs, ys)
+    mark = "*" if hi < 1 or lo > 1 else ""
+    return f"{med(xs) / med(ys):.2f}×{mark} [{lo:.2f}–{hi:.2f}]"
+
+
 def recovery_table(raw: dict[str, Any], key: str) -> list[str]:
     lines = [
         f"| regime | N | continuation (ms) | hybrid K={raw['hybrid_k']} (ms) | replay (ms) "
@@ -47,8 +89,8 @@ def recovery_table(raw: dict[str, Any], key: str) -> list[str]:
     for (regime, n), by in sorted(cases.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         c, h, r = (by.get(s, []) for s in ("continuation", "hybrid", "replay"))
         lines.append(
-            f"| {regime} | {n:,} | {ms(med(c))} ± {ms(spread(c))} | {ms(med(h))} ± {ms(spread(h))} "
-            f"| {ms(med(r))} ± {ms(spread(r))} | {med(h) / med(c):.2f}× | {med(r) / med(c):.2f}× |"
+            f"| {regime} | {n:,} | {ms_ci(c)} | {ms_ci(h)} | {ms_ci(r)} | {ratio_cell(h, c)} "
+            f"| {ratio_cell(r, c)} |"
         )
     return lines
 
@@ -150,10 +192,9 @@ def step_cost_table(raw: dict[str, Any]) -> list[str]:
              "|" + "---|" * (len(systems) + len(peers) + 2)]
     for n in sorted({r["n"] for r in rows}):
         at = {r["system"]: r for r in rows if r["n"] == n}
-        cont = med(at["tcc continuation"]["mean_step_s"])
-        cells = [f"{ms(med(at[s]['mean_step_s']))} ± {ms(spread(at[s]['mean_step_s']))}" if s in at
-                 else "not measured" for s in systems]
-        ratios = [f"{cont / med(at[p]['mean_step_s']):.2f}×" if p in at else "—" for p in peers]
+        cells = [ms_ci(at[s]["mean_step_s"]) if s in at else "not measured" for s in systems]
+        ratios = [ratio_cell(at["tcc continuation"]["mean_step_s"], at[p]["mean_step_s"]) if p in at
+                  else "—" for p in peers]
         lines.append(f"| {n:,} | " + " | ".join(cells + ratios) + f" | {at['tcc continuation']['bare_step_s'] * 1e6:.1f} |")
     return lines + ["", "Mean step interval over the whole run of N steps (tcc in-process; each peer in "
                     "its crash child, steps 0..N-2), the agent's own work included. LangGraph is not run on the "
@@ -191,7 +232,7 @@ def young_daly_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
-def figures(raw: dict[str, Any], log: Callable[[str], None]) -> list[str]:
+def figures(raw: dict[str, Any], log: Callable[[str], None], target: pathlib.Path = GENERATED) -> list[str]:
     try:
         import matplotlib
 
@@ -217,7 +258,7 @@ def figures(raw: dict[str, Any], log: Callable[[str], None]) -> list[str]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = GENERATED / "recovery_vs_n.png"
+    path = target / "recovery_vs_n.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     made.append(path.name)
@@ -235,18 +276,29 @@ def figures(raw: dict[str, Any], log: Callable[[str], None]) -> list[str]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = GENERATED / "checkpoint_overhead.png"
+        path = target / "checkpoint_overhead.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         made.append(path.name)
     return made
 
 
-def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
-    GENERATED.mkdir(parents=True, exist_ok=True)
-    made = figures(raw, log)
+def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
+           out: pathlib.Path | None = None, readme: bool = False) -> None:
+    """Render ``raw`` into ``out`` (default ``paper/generated/``); ``readme``: also the
+    summary between the markers of ``benchmarks/README.md`` (the published numbers)."""
+    from benchmarks.provenance import describe
+
+    target = GENERATED if out is None else out
+    target.mkdir(parents=True, exist_ok=True)
+    made = figures(raw, log, target)
+    order = f" (order seed {raw['order_seed']})" if "order_seed" in raw else ""
     header = (f"Profile `{raw['profile']}`, Python {raw['python']}, {raw['cpus']} CPUs, "
-              f"{raw['elapsed_s']:.0f} s. Medians ± half-range over interleaved repetitions.")
+              f"{raw['elapsed_s']:.0f} s; {describe(raw.get('provenance'))}. Medians over "
+              f"interleaved repetitions{order}: recovery and step-cost tables give the 95% "
+              "bootstrap interval of each median [low–high] and of each ratio (`*`: the interval "
+              "excludes 1, so the two differ; without it no difference is claimed); other tables "
+              "give ± half-range.")
     parts = [
         "# Generated results", "", header, "",
         "## Recovery latency, in-process (open store → first new effect)", "",
@@ -263,7 +315,10 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
     ]
     for name in made:
         parts += [f"![{name}]({name})", ""]
-    (GENERATED / "results.md").write_text("\n".join(parts))
+    (target / "results.md").write_text("\n".join(parts))
+    if not readme:
+        log(f"rendered {target / 'results.md'}")
+        return
     summary = [BEGIN, "", header, "", "In-process recovery:", "", *recovery_table(raw, "in_process_s"), "",
                "Steady-state step:", "", *steady_table(raw), "",
                "Step cost on the growing transcript, next to the peers:", "", *step_cost_table(raw), "",
@@ -272,8 +327,21 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print) -> None:
     if BEGIN in text and END in text:
         text = text[: text.index(BEGIN)] + "\n".join(summary) + text[text.index(END) + len(END):]
     BENCH_README.write_text(text)
-    log(f"rendered {GENERATED / 'results.md'} and {BENCH_README}")
+    log(f"rendered {target / 'results.md'} and {BENCH_README}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Render a recovery benchmark's raw JSON.")
+    parser.add_argument("raw", type=pathlib.Path, help="a benchmarks/results/recovery-*.json file")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="where to write (default: paper/generated/ and benchmarks/README.md "
+                             "for a full run, else a folder named after the raw file)")
+    args = parser.parse_args(argv)
+    raw = json.loads(args.raw.read_text())
+    publish = args.out is None and raw.get("profile") == "full"
+    render(raw, out=args.out or (None if publish else args.raw.with_suffix("")), readme=publish)
+    return 0
 
 
 if __name__ == "__main__":
-    render(json.loads(pathlib.Path(sys.argv[1]).read_text()))
+    sys.exit(main())
