@@ -521,26 +521,64 @@ def installed_peers(log: Any) -> list[tuple[str, Any]]:
     return found
 
 
+def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One peer row from ``repeats=1`` rows of the same system and case (one per round):
+    per-repeat lists are joined, per-repeat scalars listed and summarised by their median,
+    and every round's final result must be the expected one."""
+    first = rows[0]
+    out = {k: v for k, v in first.items() if not isinstance(v, list)}
+    for key in ("whole_process_s", "in_process_s", "per_step_overhead_runs_s"):
+        out[key] = [x for r in rows for x in r[key]]
+    out["breakdown_s"] = {k: [x for r in rows for x in r["breakdown_s"].get(k, [])]
+                          for k in first["breakdown_s"]}
+    out["repeats"] = len(out["whole_process_s"])
+    out["whole_process_median_s"] = median(out["whole_process_s"])
+    out["in_process_median_s"] = median(out["in_process_s"])
+    out["per_step_overhead_s"] = median(out["per_step_overhead_runs_s"])
+    for key in ("storage_bytes", "storage_bytes_at_crash", "fsync_4k_median_s", "bare_step_s"):
+        out[f"{key}_runs"] = [r[key] for r in rows]
+        out[key] = median(out[f"{key}_runs"])
+    out["final_results"] = [r["final_result"] for r in rows]
+    wrong = [r for r in out["final_results"] if r != first["final_result"]]
+    out["final_result"] = wrong[0] if wrong else first["final_result"]
+    out["effect_executions"] = sum(r["effect_executions"] for r in rows)
+    out["duplicate_effects"] = sum(r["duplicate_effects"] for r in rows)
+    return out
+
+
 def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    """Recovery of every system measured alike: tcc (``peers/tcc_peer.py``) and each
+    installed peer run the same crash / recover / complete children (``peers/_harness.py``:
+    a fresh process each, the same t0 just before the store is opened, imports and start-up
+    broken out, a new crashed store in every repetition, storage as allocated blocks).  In
+    every round each system runs once, in a shuffled order."""
     rows: list[dict[str, Any]] = []
     try:
-        from benchmarks import peers as peer_pkg
+        from benchmarks.peers import tcc_peer
     except ImportError:
         log("peers: benchmarks.peers is missing; skipped")
         return rows
-    for name, mod in installed_peers(log):
-        for n in profile["peer_sizes"]:
-            for regime, work_ms in (("const", 0.0), ("const", WORK_MS)):
-                folder = work / f"{name}-{n}-{work_ms}"
-                folder.mkdir(parents=True, exist_ok=True)
-                row = mod.measure(n, regime=regime, work_ms=work_ms, repeats=profile["repeats"],
-                                  workdir=folder, work_iters=work_iters() if work_ms else 0)
-                row["regime_label"] = "work" if work_ms else "const"
+    others = installed_peers(log)
+    if not others:
+        return rows
+    systems = [("tcc", tcc_peer), *others]
+    for n in profile["peer_sizes"]:
+        for regime, work_ms in (("const", 0.0), ("const", WORK_MS)):
+            label = "work" if work_ms else "const"
+            got: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in systems}
+            for rep in range(profile["repeats"]):
+                for name, mod in shuffled(systems):
+                    folder = work / f"{name}-{n}-{label}-{rep}"
+                    folder.mkdir(parents=True, exist_ok=True)
+                    got[name].append(mod.measure(n, regime=regime, work_ms=work_ms, repeats=1, workdir=folder,
+                                                 work_iters=work_iters() if work_ms else 0))
+                    shutil.rmtree(folder, ignore_errors=True)
+            for name, _ in systems:
+                row = merge_repeats(got[name])
+                row["regime_label"] = label
                 rows.append(row)
-                log(f"peer {row['peer']:10} N={n:<6} {row['regime_label']:5} in-process "
+                log(f"peer {row['peer']:10} N={n:<6} {label:5} in-process "
                     f"{median(row['in_process_s']) * 1e3:9.2f} ms  whole {median(row['whole_process_s']) * 1e3:8.1f} ms")
-                shutil.rmtree(folder, ignore_errors=True)
-    del peer_pkg
     return rows
 
 
@@ -633,6 +671,9 @@ def check(raw: dict[str, Any]) -> list[str]:
             problems.append(f"peer {row.get('peer')} produced no numbers at N={row.get('n')}")
         elif "final_result" in row and row["final_result"] != expected_result(row["n"]):
             problems.append(f"peer {row.get('peer')} N={row['n']} returned {row['final_result']}")
+        if row.get("duplicate_effects"):
+            problems.append(f"peer {row.get('peer')} N={row['n']} ran {row['duplicate_effects']} "
+                            "completed step(s) again")
     return problems
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import statistics
 import subprocess
@@ -72,12 +73,16 @@ def _run_child(script: pathlib.Path, args: dict[str, Any], *, expect_kill: bool)
 
 
 def _file_bytes(db: pathlib.Path) -> int:
-    """Bytes of a SQLite database on disk, with its WAL and rollback journal if present."""
+    """Bytes allocated on disk to a SQLite database with its WAL and rollback journal if
+    present, or to every file under a store folder (tcc): the same measure for every
+    system (blocks, not ``st_size``: a sparse or preallocated file counts what it holds)."""
+    if db.is_dir():
+        return sum(p.stat().st_blocks * 512 for p in db.rglob("*") if p.is_file())
     total = 0
     for suffix in ("", "-wal", "-journal"):
         p = db.with_name(db.name + suffix)
         if p.exists():
-            total += p.stat().st_size
+            total += p.stat().st_blocks * 512
     return total
 
 
@@ -99,7 +104,10 @@ def run_peer(
     breakdown: Callable[[dict[str, Any]], dict[str, float]],
     extra_args: dict[str, Any] | None = None,
     notes: str,
+    store: str = "sqlite",
 ) -> dict[str, Any]:
+    """``store``: ``sqlite`` (the child gets ``db``, a SQLite file) or ``folder`` (tcc: the
+    child gets ``store``, a folder it creates)."""
     if n < 2:
         raise ValueError("n must be at least 2 (the crash is at the start of step n-1)")
     if regime not in ("const", "grow"):
@@ -123,18 +131,22 @@ def run_peer(
         run_dir = workdir / f"{peer}-{regime}-n{n}-w{work_ms:g}-r{r}"
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in run_dir.iterdir():
-            stale.unlink()
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
+        data = run_dir / ("store" if store == "folder" else "peer.sqlite")
         base = {
             "n": n,
             "regime": regime,
             "iters": iters,
-            "db": str(run_dir / "peer.sqlite"),
+            ("store" if store == "folder" else "db"): str(data),
             "effects": str(run_dir / "effects.log"),
             **(extra_args or {}),
         }
         _, crashed = _run_child(script, {**base, "mode": "crash", "out": str(run_dir / "crash.json")}, expect_kill=True)
         per_step.append((crashed["t_kill"] - crashed["t_begin"]) / (n - 1) - bare)
-        crash_bytes.append(_file_bytes(run_dir / "peer.sqlite"))
+        crash_bytes.append(_file_bytes(data))
         t_spawn, rec = _run_child(script, {**base, "mode": "recover", "out": str(run_dir / "recover.json")}, expect_kill=False)
         whole.append(rec["t_new_step"] - t_spawn)
         inproc.append(rec["t_new_step"] - rec["t0"])
@@ -164,7 +176,7 @@ def run_peer(
         "per_step_overhead_s": statistics.median(per_step),
         "per_step_overhead_runs_s": per_step,
         "bare_step_s": bare,
-        "storage_bytes": _file_bytes(run_dir / "peer.sqlite"),
+        "storage_bytes": _file_bytes(data),
         "storage_bytes_at_crash": int(statistics.median(crash_bytes)),
         "final_result": done["result"],
         "effect_executions": executions,

@@ -84,3 +84,19 @@ def test_langgraph_peer_smoke(tmp_path: pathlib.Path, regime: str, work_ms: floa
     res = langgraph_peer.measure(10, regime=regime, work_ms=work_ms, repeats=1, workdir=tmp_path)
     check_numbers(res, peer="langgraph", n=10, regime=regime, work_ms=work_ms)
     assert res["breakdown_s"]["invoke_to_step_s"][0] > 0
+
+
+@pytest.mark.parametrize(("regime", "work_ms"), CASES)
+def test_tcc_measured_as_a_peer(tmp_path: pathlib.Path, regime: str, work_ms: float) -> None:
+    """tcc goes through the peers' own crash / recover / complete children: a real SIGKILL at
+    step n-1, recovery in a fresh process, no completed step run twice, the exact result."""
+    from benchmarks.peers import tcc_peer
+
+    res = tcc_peer.measure(10, regime=regime, work_ms=work_ms, repeats=2, workdir=tmp_path)
+    check_numbers(res, peer="tcc", n=10, regime=regime, work_ms=work_ms)
+    parts = res["breakdown_s"]
+    assert len(parts["open_s"]) == 2 and all(x > 0 for x in parts["resume_to_step_s"])
+    # the store folder itself was measured (allocated blocks), at the crash and at the end
+    assert res["storage_bytes_at_crash"] % 512 == 0 and res["storage_bytes"] % 512 == 0
+    crashed = tmp_path / f"tcc-{regime}-n10-w{work_ms:g}-r1" / "store"
+    assert (crashed / "data.mdb").exists()
