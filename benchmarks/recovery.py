@@ -60,7 +60,8 @@ PROFILES = {
     "full": {"sizes": [10, 100, 1000, 10000], "repeats": 10, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
              "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000, 10000],
-             "steady_sizes": [100, 1000, 10000], "held_bytes": 100 << 20},
+             "steady_sizes": [100, 1000, 10000], "held_bytes": 100 << 20,
+             "conditions": ["warm", "cold", "reboot"]},
 }
 WORK_MS = 0.5
 HYBRID_K = 16
@@ -521,6 +522,38 @@ def installed_peers(log: Any) -> list[tuple[str, Any]]:
     return found
 
 
+def drop_caches() -> None:
+    """Write back and drop the page cache (root only): the next process reads its
+    interpreter, its libraries and the store from disk, as after a redeploy onto a host."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as fh:
+        fh.write("3\n")
+
+
+def cold_cache(_args: dict[str, Any]) -> None:
+    drop_caches()
+
+
+def after_reboot(args: dict[str, Any]) -> None:
+    """What a reboot changes for a recovery: a cold page cache and, for tcc, a verdict that no
+    longer vouches for data.mdb (it names the boot id), so the open walks the store again."""
+    if "store" in args:
+        (pathlib.Path(args["store"]) / "verified").unlink(missing_ok=True)
+    drop_caches()
+
+
+CONDITIONS = {"warm": None, "cold": cold_cache, "reboot": after_reboot}
+
+
+def condition_unavailable(condition: str) -> str | None:
+    """Why ``condition`` cannot be set up here, or None."""
+    if CONDITIONS[condition] is None:
+        return None
+    if os.geteuid() != 0 or not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        return "dropping the page cache needs root and a writable /proc/sys/vm/drop_caches"
+    return None
+
+
 def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One peer row from ``repeats=1`` rows of the same system and case (one per round):
     per-repeat lists are joined, per-repeat scalars listed and summarised by their median,
@@ -551,7 +584,10 @@ def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[st
     installed peer run the same crash / recover / complete children (``peers/_harness.py``:
     a fresh process each, the same t0 just before the store is opened, imports and start-up
     broken out, a new crashed store in every repetition, storage as allocated blocks).  In
-    every round each system runs once, in a shuffled order."""
+    every round each system runs once, in a shuffled order.  Each of the profile's
+    ``conditions`` is measured: ``warm`` (the page cache as the crash left it), ``cold``
+    (dropped before the recovery) and ``reboot`` (cold, and tcc's verdict file gone, as a
+    new boot id makes it: its open walks the store)."""
     rows: list[dict[str, Any]] = []
     try:
         from benchmarks.peers import tcc_peer
@@ -562,23 +598,32 @@ def peers(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[st
     if not others:
         return rows
     systems = [("tcc", tcc_peer), *others]
-    for n in profile["peer_sizes"]:
-        for regime, work_ms in (("const", 0.0), ("const", WORK_MS)):
-            label = "work" if work_ms else "const"
-            got: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in systems}
-            for rep in range(profile["repeats"]):
-                for name, mod in shuffled(systems):
-                    folder = work / f"{name}-{n}-{label}-{rep}"
-                    folder.mkdir(parents=True, exist_ok=True)
-                    got[name].append(mod.measure(n, regime=regime, work_ms=work_ms, repeats=1, workdir=folder,
-                                                 work_iters=work_iters() if work_ms else 0))
-                    shutil.rmtree(folder, ignore_errors=True)
-            for name, _ in systems:
-                row = merge_repeats(got[name])
-                row["regime_label"] = label
-                rows.append(row)
-                log(f"peer {row['peer']:10} N={n:<6} {label:5} in-process "
-                    f"{median(row['in_process_s']) * 1e3:9.2f} ms  whole {median(row['whole_process_s']) * 1e3:8.1f} ms")
+    cases = [(n, "const", 0.0, "warm") for n in profile["peer_sizes"]]
+    cases += [(n, "const", WORK_MS, "warm") for n in profile["peer_sizes"]]
+    for condition in profile.get("conditions", ["warm"]):
+        why = condition_unavailable(condition)
+        if why is not None:
+            log(f"peers: recovery with a {condition} cache not measured: {why}")
+        elif condition != "warm":
+            cases += [(n, "const", 0.0, condition) for n in profile["peer_sizes"]]
+    for n, regime, work_ms, condition in cases:
+        label = "work" if work_ms else "const"
+        got: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in systems}
+        for rep in range(profile["repeats"]):
+            for name, mod in shuffled(systems):
+                folder = work / f"{name}-{n}-{label}-{condition}-{rep}"
+                folder.mkdir(parents=True, exist_ok=True)
+                got[name].append(mod.measure(n, regime=regime, work_ms=work_ms, repeats=1, workdir=folder,
+                                             work_iters=work_iters() if work_ms else 0,
+                                             before_recover=CONDITIONS[condition]))
+                shutil.rmtree(folder, ignore_errors=True)
+        for name, _ in systems:
+            row = merge_repeats(got[name])
+            row["regime_label"] = label
+            row["condition"] = condition
+            rows.append(row)
+            log(f"peer {row['peer']:10} N={n:<6} {label:5} {condition:6} in-process "
+                f"{median(row['in_process_s']) * 1e3:9.2f} ms  whole {median(row['whole_process_s']) * 1e3:8.1f} ms")
     return rows
 
 

@@ -41,6 +41,7 @@ def ms(x: float) -> str:
 
 
 BOOTSTRAP = 2000  # resamples per interval
+MIN_FOR_INTERVAL = 5  # fewer repetitions than this get no interval, and no difference is called
 
 
 def ci95(xs: list[float], seed: int = 0) -> tuple[float, float]:
@@ -64,14 +65,20 @@ def ratio_ci95(xs: list[float], ys: list[float], seed: int = 0) -> tuple[float, 
 
 
 def ms_ci(xs: list[float]) -> str:
-    """``median [low–high]`` in ms: the 95% interval of the median."""
+    """``median [low–high]`` in ms: the 95% interval of the median (``n=K`` instead when
+    there are too few repetitions for one)."""
+    if len(xs) < MIN_FOR_INTERVAL:
+        return f"{ms(med(xs))} (n={len(xs)})"
     lo, hi = ci95(xs)
     return f"{ms(med(xs))} [{ms(lo)}–{ms(hi)}]"
 
 
 def ratio_cell(xs: list[float], ys: list[float]) -> str:
     """median(xs)/median(ys) with its 95% interval; marked ``*`` when the interval excludes
-    1 (the two differ at this confidence; otherwise no difference is claimed)."""
+    1 (the two differ at this confidence; otherwise no difference is claimed).  With fewer
+    than ``MIN_FOR_INTERVAL`` repetitions on either side: the ratio alone, nothing called."""
+    if min(len(xs), len(ys)) < MIN_FOR_INTERVAL:
+        return f"{med(xs) / med(ys):.2f}×"
     lo, hi = ratio_ci95(xs, ys)
     mark = "*" if hi < 1 or lo > 1 else ""
     return f"{med(xs) / med(ys):.2f}×{mark} [{lo:.2f}–{hi:.2f}]"
@@ -116,45 +123,49 @@ def peer_table(raw: dict[str, Any]) -> list[str]:
     in-process tcc numbers, which the table then says."""
     if not raw.get("peers"):
         return ["(no peers installed in this run)"]
-    ref: dict[tuple[str, int], dict[str, list[float]]] = {}
+    ref: dict[tuple[str, int, str], dict[str, list[float]]] = {}
     fair = any(row["peer"] == "tcc" for row in raw["peers"])
     if fair:
         for row in raw["peers"]:
             if row["peer"] == "tcc":
-                ref[(row.get("regime_label", row["regime"]), row["n"])] = row
+                ref[(row.get("regime_label", row["regime"]), row["n"], row.get("condition", "warm"))] = row
     else:
         for row in raw["recovery"]:
             if row["strategy"] == "continuation":
-                ref[(row["regime"], row["n"])] = row
+                ref[(row["regime"], row["n"], "warm")] = row
     lines = [
-        "| system | regime | N | in-process (ms) | whole process (ms) | of which imports (ms) "
+        "| system | regime | cache | N | in-process (ms) | whole process (ms) | of which imports (ms) "
         "| in-process / tcc | whole / tcc | per-step overhead (ms) | storage at the crash (bytes) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     polls = []
     for row in raw["peers"]:
-        regime, n = row.get("regime_label", row["regime"]), row["n"]
-        base = ref.get((regime, n), {})
+        regime, n, cache = row.get("regime_label", row["regime"]), row["n"], row.get("condition", "warm")
+        base = ref.get((regime, n, cache), {})
         pi, pw = row["in_process_s"], row["whole_process_s"]
         imports = row.get("breakdown_s", {}).get("imports_s", [])
         ratio_i = ratio_cell(pi, base["in_process_s"]) if base else "—"
         ratio_w = ratio_cell(pw, base["whole_process_s"]) if base else "—"
         lines.append(
-            f"| {row['peer']} {row.get('version', '')} | {regime} | {n:,} | {ms_ci(pi)} | {ms_ci(pw)} "
+            f"| {row['peer']} {row.get('version', '')} | {regime} | {cache} | {n:,} | {ms_ci(pi)} | {ms_ci(pw)} "
             f"| {ms(med(imports)) if imports else '—'} | {ratio_i} | {ratio_w} "
             f"| {row.get('per_step_overhead_s', float('nan')) * 1e3:.2f} "
             f"| {int(row.get('storage_bytes_at_crash', row.get('storage_bytes', 0))):,} |"
         )
         excl = row.get("breakdown_s", {}).get("in_process_excl_poll_s")
         if excl:
-            polls.append(f"{row['peer']} {regime} N={n:,}: {ms_ci(excl)} ms without its queue poll "
+            polls.append(f"{row['peer']} {regime} {cache} N={n:,}: {ms_ci(excl)} ms without its queue poll "
                          f"(the poll wait: {ms(med(row['breakdown_s']['queue_poll_wait_s']))} ms)")
     if fair:
         lines += ["", "Every system, tcc included, is measured by the same driver: a fresh process per "
                   "crash, recovery and completion, t0 just before its store is opened (imports and the "
                   "agent's code before it), a new crashed store in every repetition, storage as "
                   "allocated blocks at the crash point. Retention differs by design: tcc keeps its "
-                  "newest 3 snapshots, LangGraph every checkpoint, DBOS every step's output."]
+                  "newest 3 snapshots, LangGraph every checkpoint, DBOS every step's output. Cache: "
+                  "`warm`, as the crash left it; `cold`, the page cache dropped before the recovery "
+                  "process starts (its interpreter, libraries and store come from disk); `reboot`, "
+                  "cold and tcc's verdict file gone, as a new boot id makes it (its open walks "
+                  "data.mdb)."]
     else:
         lines += ["", "(An older raw file: tcc's numbers here are the harness's in-process ones, timed in "
                   "a warmer process than the peers'.)"]
@@ -324,8 +335,9 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
               f"{raw['elapsed_s']:.0f} s; {describe(raw.get('provenance'))}. Medians over "
               f"interleaved repetitions{order}: recovery and step-cost tables give the 95% "
               "bootstrap interval of each median [low–high] and of each ratio (`*`: the interval "
-              "excludes 1, so the two differ; without it no difference is claimed); other tables "
-              "give ± half-range.")
+              f"excludes 1, so the two differ; without it no difference is claimed) when there are "
+              f"at least {MIN_FOR_INTERVAL} repetitions (else `n=K` and no difference is called); "
+              "other tables give ± half-range.")
     parts = [
         "# Generated results", "", header, "",
         "## Recovery latency, in-process (open store → first new effect)", "",

@@ -105,9 +105,12 @@ def run_peer(
     extra_args: dict[str, Any] | None = None,
     notes: str,
     store: str = "sqlite",
+    before_recover: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """``store``: ``sqlite`` (the child gets ``db``, a SQLite file) or ``folder`` (tcc: the
-    child gets ``store``, a folder it creates)."""
+    child gets ``store``, a folder it creates).  ``before_recover(args)`` runs between the
+    crash and the recovery child of every repetition (given the children's arguments): the
+    harness drops the page cache there, or invalidates what a reboot would."""
     if n < 2:
         raise ValueError("n must be at least 2 (the crash is at the start of step n-1)")
     if regime not in ("const", "grow"):
@@ -147,6 +150,8 @@ def run_peer(
         _, crashed = _run_child(script, {**base, "mode": "crash", "out": str(run_dir / "crash.json")}, expect_kill=True)
         per_step.append((crashed["t_kill"] - crashed["t_begin"]) / (n - 1) - bare)
         crash_bytes.append(_file_bytes(data))
+        if before_recover is not None:
+            before_recover(base)
         t_spawn, rec = _run_child(script, {**base, "mode": "recover", "out": str(run_dir / "recover.json")}, expect_kill=False)
         whole.append(rec["t_new_step"] - t_spawn)
         inproc.append(rec["t_new_step"] - rec["t0"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import pathlib
-from typing import Any
+from typing import Any, Callable
 
 from . import _harness
 
@@ -62,6 +62,7 @@ def measure(
     repeats: int = 3,
     workdir: pathlib.Path,
     work_iters: int | None = None,
+    before_recover: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Crash the DBOS agent after n-1 steps ``repeats`` times and measure its recovery.
 
@@ -96,4 +97,5 @@ def measure(
         workdir=workdir,
         breakdown=_breakdown,
         notes=notes,
+        before_recover=before_recover,
     )

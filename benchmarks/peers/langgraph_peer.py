@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import pathlib
-from typing import Any
+from typing import Any, Callable
 
 from . import _harness
 
@@ -60,6 +60,7 @@ def measure(
     repeats: int = 3,
     workdir: pathlib.Path,
     work_iters: int | None = None,
+    before_recover: Callable[[dict[str, Any]], None] | None = None,
     durability: str = "sync",
 ) -> dict[str, Any]:
     """Crash the LangGraph agent after n-1 steps ``repeats`` times and measure its recovery.
@@ -87,4 +88,5 @@ def measure(
         breakdown=_breakdown,
         extra_args={"durability": durability},
         notes=notes,
+        before_recover=before_recover,
     )
