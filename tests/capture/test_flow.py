@@ -626,3 +626,58 @@ def test_generator_run_before_its_frame_is_filled_does_not_crash(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused:" in proc.stdout and "not fresh" in proc.stdout, proc.stdout
+
+
+def _all_code(obj: types.CodeType) -> Iterator[types.CodeType]:
+    yield obj
+    for const in obj.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _all_code(const)
+
+
+def test_the_fast_decoder_reads_every_standard_library_code_as_dis_does():
+    """``_flow.raw_instructions`` (what a restore decodes suspended frames with) gives exactly
+    what ``dis.get_instructions`` gives: offsets, opcodes, arguments (EXTENDED_ARG
+    included), lines and jump targets, for every code object of asyncio, tcc, these tests and a few more modules."""
+    import dis
+    import importlib
+    import pkgutil
+
+    for name in ("asyncio", "json", "argparse", "dataclasses", "typing", "inspect", "enum"):
+        importlib.import_module(name)
+    wanted = ("asyncio", "json", "argparse", "dataclasses", "typing", "inspect", "enum", "tcc",
+              "tests")
+    checked = 0
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None) or ""
+        if not file.endswith(".py") or getattr(module, "__name__", "").split(".")[0] not in wanted:
+            continue
+        try:
+            with open(file, encoding="utf-8") as fh:
+                top = compile(fh.read(), file, "exec")
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for code in _all_code(top):
+            want = []
+            for ins in dis.get_instructions(code):
+                target = getattr(ins, "jump_target", None)
+                if target is None and (ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs):
+                    target = ins.argval
+                line = ins.positions.lineno if ins.positions is not None else None
+                want.append((ins.offset, ins.opcode, ins.arg, line, target))
+            assert _flow.raw_instructions(code) == want, (file, code.co_qualname)
+            checked += 1
+    # and code whose arguments and jumps need EXTENDED_ARG (300 locals, a long jump)
+    body = "".join(f"    v{k} = {k}\n" for k in range(300))
+    inner = body.replace("\n    ", "\n        ").replace("    v0", "        v0", 1)
+    src = f"async def big(x):\n{body}    while x:\n{inner}        x = await x\n    return v299\n"
+    extended = 0
+    for code in _all_code(compile(src, "<big>", "exec")):
+        assert _flow.raw_instructions(code) == [
+            (ins.offset, ins.opcode, ins.arg, ins.positions.lineno,
+             getattr(ins, "jump_target", None) if sys.version_info >= (3, 13) else
+             (ins.argval if ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs else None))
+            for ins in dis.get_instructions(code)]
+        extended += sum(op == dis.opmap["EXTENDED_ARG"] for _, op, *_ in _flow.raw_instructions(code))
+    del pkgutil
+    assert checked > 2000 and extended > 100
