@@ -124,7 +124,7 @@ def _claims(events: list[Any]) -> list[int]:
 
 
 def test_fleet_of_killed_workers_finishes_every_run_once(fleet_store: PgStore, tmp_path: pathlib.Path) -> None:
-    runs_n, steps = int(os.environ.get("TCC_FLEET_RUNS", "50")), 4
+    runs_n, steps = int(os.environ.get("TCC_FLEET_RUNS", "30")), 4  # (TCC_FLEET_RUNS=200: a longer campaign)
     rng = random.Random(int(os.environ.get("TCC_FLEET_SEED", "20261202")))
     ledger = tmp_path / "ledger"
     extra = {"LEDGER": str(ledger), "VERIFY": "1", "DELAY": "0.02"}
