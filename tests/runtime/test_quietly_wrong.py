@@ -8,6 +8,7 @@ while the call is in flight.
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -428,3 +429,35 @@ def test_names_imported_from_other_modules_are_not_named_as_uncapturable(tmp_pat
     cli = Cli(tmp_path)
     proc = cli.run("run", str(EXAMPLES / "research_agent.py"), "topic", check=True)
     assert "tcc: note" not in proc.stderr
+
+
+def test_the_agents_modules_are_found_through_links_and_others_are_not(tmp_path: pathlib.Path) -> None:
+    """Which modules hold the agent's module-level data: those whose file is in the script's
+    folder, however the path reaches it (a linked folder, a linked file), and no other."""
+    import types
+
+    from tcc.runtime._globals import ModuleState
+
+    agent_dir, other = tmp_path / "agent", tmp_path / "other"
+    agent_dir.mkdir()
+    other.mkdir()
+    for name in ("main.py", "helper.py", "linked_target.py"):
+        (agent_dir / name).write_text("X = 1\n")
+    (other / "lib.py").write_text("X = 1\n")
+    (tmp_path / "alias").symlink_to(agent_dir, target_is_directory=True)
+    (other / "linked.py").symlink_to(agent_dir / "linked_target.py")
+
+    def module(name: str, file: pathlib.Path) -> types.ModuleType:
+        m = types.ModuleType(name)
+        m.__file__ = str(file)
+        return m
+
+    script = module("__tcc_script_main", agent_dir / "main.py")
+    state = ModuleState(script)
+    assert state._judge(script)
+    assert state._judge(module("helper", agent_dir / "helper.py"))
+    assert state._judge(module("helper_via_alias", tmp_path / "alias" / "helper.py"))
+    assert state._judge(module("linked", other / "linked.py"))
+    assert not state._judge(module("lib", other / "lib.py"))
+    assert not state._judge(module("tcc.fake", agent_dir / "helper.py"))  # tcc's own
+    assert not state._judge(module("missing", tmp_path / "gone" / "x.py"))

@@ -70,6 +70,18 @@ def _real_path(file: str) -> str:
     return os.path.join(_real_dir(os.path.dirname(file)), os.path.basename(file))
 
 
+@functools.lru_cache(maxsize=1024)
+def _dir_id(folder: str) -> tuple[int, int] | None:
+    """(device, inode) of ``folder``, once per folder: two folders whose ids differ have
+    different real paths, so most modules are told apart from the agent's folder by one
+    ``stat`` of their folder instead of a ``realpath`` (an ``lstat`` per path component)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _in_site_packages(path: str) -> bool:
     parts = path.split(os.sep)
     return "site-packages" in parts or "dist-packages" in parts
@@ -85,6 +97,7 @@ class ModuleState:
         self.resolve = resolve
         file = getattr(script_module, "__file__", None) or ""
         self.folder = os.path.dirname(os.path.realpath(file)) if file else ""
+        self._folder_id = _dir_id(self.folder) if self.folder else None
         # module name -> {global name: the object bound when tcc first saw the module,
         # for the globals a snapshot leaves to the import (see the module docstring)}
         self._from_import: dict[str, dict[str, Any]] = {}
@@ -116,6 +129,9 @@ class ModuleState:
         file = getattr(module, "__file__", None)
         if not self.folder or not isinstance(file, str) or not file.endswith(".py"):
             return False
+        if os.path.isabs(file) and self._folder_id is not None \
+                and _dir_id(os.path.dirname(file)) != self._folder_id and not os.path.islink(file):
+            return False  # another folder (and not a link to a file of this one)
         real = _real_path(file)
         name = getattr(module, "__name__", "")
         return os.path.dirname(real) == self.folder and not _in_site_packages(real) \
