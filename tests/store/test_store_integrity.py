@@ -508,6 +508,44 @@ def test_list_runs_can_report_a_damaged_run_record_and_list_the_others(store_pat
         assert [r.run_id for r in s.list_runs("running", damaged=[])] == ["a", "c"]
 
 
+def test_a_run_key_damaged_into_invalid_utf8_is_reported_not_a_crash(store_path: str) -> None:
+    """Regression (CI, a bit flip in data.mdb): a run record's key that damage turned into
+    bytes that are not UTF-8 is reported as damage by `list_runs`, `gc` and `tcc ls --json`;
+    reporting it used to fail with UnicodeDecodeError (an internal error)."""
+    import json
+    import subprocess
+    import sys
+    import warnings
+
+    from tcc.store import StoreDamageWarning
+
+    with open_store(store_path) as s:
+        for rid in ("ab", "cd"):
+            run = s.create_run("e", run_id=rid)
+            s.checkpoint(rid, run.epoch, payload(1, 100))
+    bad = b"default\x00a\xf3"  # the second byte of 'ab' flipped: not UTF-8
+    _edit(store_path, b"runs", lambda txn, dbi: txn.put(bad, txn.get(b"default\x00ab", db=dbi), db=dbi))
+    _edit(store_path, b"runs", lambda txn, dbi: txn.delete(b"default\x00ab", db=dbi))
+    with open_store(store_path) as s:
+        damaged: list[tuple[str, str]] = []
+        assert [r.run_id for r in s.list_runs(damaged=damaged)] == ["cd"]
+        assert [rid for rid, _ in damaged] == ["a\ufffd"]
+        assert "run 'a\\\\xf3' record failed verification" in damaged[0][1]
+        with pytest.raises(StoreCorruptError, match="record failed verification"):
+            s.list_runs()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            s.gc()
+        assert any(issubclass(w.category, StoreDamageWarning) and "xf3" in str(w.message)
+                   for w in seen)
+    out = subprocess.run([sys.executable, "-m", "tcc", "ls", "--json", "--store", store_path],
+                         capture_output=True, text=True, timeout=120)
+    assert "internal error" not in out.stderr, out.stderr
+    assert "xf3" in out.stdout + out.stderr, (out.stdout, out.stderr)
+    assert out.returncode == 1, (out.returncode, out.stderr)  # damage: not a clean listing
+    assert [r["id"] for r in json.loads(out.stdout)] == ["cd"]  # the intact run is listed
+
+
 def test_signal_record_moved_away_is_reported(store_path: str) -> None:
     """Regression class of the stale-signals finding: a delivered approval whose record damage
     moved away must not read as never sent; the run's sealed signal count disagrees."""

@@ -66,6 +66,7 @@ __all__ = [
     "prefix",
     "seq_key",
     "snap_rows",
+    "shown",
     "u64",
 ]
 
@@ -162,6 +163,12 @@ def created_event(entry: str, status: str, info: Any, spawned_by: str | None) ->
             raise UsageError(f"info must be JSON-able: {exc}") from None
         data.update(info)
     return data
+
+
+def shown(rid: bytes) -> str:
+    """A run id from a key, for a message: a damaged key need not be UTF-8, and the
+    error that reports the damage must not fail itself."""
+    return bytes(rid).decode("utf-8", "backslashreplace")
 
 
 def u64(n: int) -> bytes:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreCorruptError
-from ._codec import Corrupt, Sealer, SnapRow, iter_prefix, last_seq, snap_rows
+from ._codec import Corrupt, Sealer, SnapRow, iter_prefix, last_seq, shown, snap_rows
 
 if TYPE_CHECKING:
     from ._scope import Scope
@@ -134,7 +134,7 @@ def snapshot_index(scope: Scope, txn: Any, pfx: bytes, rid: bytes) -> dict[str, 
     """The run's verified snapshot index ``{"n": numbers, "j": journal length}``
     (None: no index record)."""
     idx: dict[str, Any] | None = read_head(
-        scope, txn, "snaps", pfx, f"the snapshot index of run {rid.decode()!r}")
+        scope, txn, "snaps", pfx, f"the snapshot index of run {shown(rid)!r}")
     return idx
 
 
@@ -170,13 +170,13 @@ def indexed(scope: Scope, txn: Any, pfx: bytes, rid: bytes) -> list[SnapRow]:
     nums = snapshot_numbers(scope, txn, pfx, rid)
     if nums is None:
         if rows:
-            raise scope.missing(f"the snapshot index of run {rid.decode()!r}")
+            raise scope.missing(f"the snapshot index of run {shown(rid)!r}")
         return rows
     listed = set(nums)
     rows = [r for r in rows if r[0] in listed]
     if len(rows) != len(nums):
         lost = sorted(listed - {r[0] for r in rows})
-        raise scope.missing(f"snapshot {lost[0]} of run {rid.decode()!r}")
+        raise scope.missing(f"snapshot {lost[0]} of run {shown(rid)!r}")
     return rows
 
 
@@ -184,13 +184,13 @@ def indexed(scope: Scope, txn: Any, pfx: bytes, rid: bytes) -> list[SnapRow]:
 def journal_len(scope: Scope, txn: Any, pfx: bytes, rid: bytes) -> int | None:
     """How many journal records the run has: its journal head (written between
     checkpoints), else what its snapshot index says (None: neither exists)."""
-    n = read_head(scope, txn, "journal", pfx, f"the journal record count of run {rid.decode()!r}")
+    n = read_head(scope, txn, "journal", pfx, f"the journal record count of run {shown(rid)!r}")
     idx = snapshot_index(scope, txn, pfx, rid)
     if n is None:
         return None if idx is None else int(idx["j"])
     if idx is not None and int(n) < int(idx["j"]):  # a head is only written after it
         raise StoreCorruptError(
-            f"store {scope.path}: the journal of run {rid.decode()!r} has {n} records but its "
+            f"store {scope.path}: the journal of run {shown(rid)!r} has {n} records but its "
             f"snapshot index counts {idx['j']} (damage rolled the journal back); restore the "
             "store from a backup")
     return int(n)
@@ -206,9 +206,9 @@ def next_seq(scope: Scope, txn: Any, db: str, pfx: bytes, rid: bytes) -> int:
     """
     last = last_seq(txn, scope.dbs[db], pfx) + 1
     if db == "journal":
-        check_tally(scope, txn, db, pfx, last, f"run {rid.decode()!r}")
+        check_tally(scope, txn, db, pfx, last, f"run {shown(rid)!r}")
         return last
-    n = read_head(scope, txn, db, pfx, f"the event count of run {rid.decode()!r}")
+    n = read_head(scope, txn, db, pfx, f"the event count of run {shown(rid)!r}")
     return last if n is None else max(int(n), last)
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FencedError, RunNotFoundError, StoreCorruptError, UsageError
 from ._api import FINAL_STATUSES, RunInfo
-from ._codec import Corrupt
+from ._codec import Corrupt, shown
 from ._heads import head_key
 
 if TYPE_CHECKING:
@@ -31,14 +31,14 @@ def load_run(scope: Scope, txn: Any, rid: bytes) -> tuple[dict[str, Any], dict[s
     if raw is None:
         check_no_remains(scope, txn, rid)
         raise RunNotFoundError(
-            f"no run {rid.decode()!r} for tenant {scope.tenant!r} in store {scope.path}")
+            f"no run {shown(rid)!r} for tenant {scope.tenant!r} in store {scope.path}")
     seen = scope.runs_seen.get(key)
     if seen is not None and seen[0] == raw:  # the very bytes whose MAC was checked before
         return dict(seen[1]), dict(seen[2])
     try:
         hdr, blobs = scope.sealer.open(b"runs", key, raw)
     except Corrupt as exc:
-        raise scope.corrupt(f"run {rid.decode()!r} record", exc) from None
+        raise scope.corrupt(f"run {shown(rid)!r} record", exc) from None
     if len(scope.runs_seen) >= 64:
         scope.runs_seen.clear()
     scope.runs_seen[key] = (bytes(raw), hdr, blobs)
@@ -59,18 +59,18 @@ def fence(scope: Scope, txn: Any, rid: bytes, epoch: int) -> tuple[dict[str, Any
     hdr, blobs = load_run(scope, txn, rid)
     if hdr["epoch"] != epoch and hdr["status"] == "cancelled":
         raise FencedError(
-            f"run {rid.decode()!r} in store {scope.path} was cancelled (by "
+            f"run {shown(rid)!r} in store {scope.path} was cancelled (by "
             f"{hdr['host']}:{hdr['pid']}), so this writer (epoch {epoch}) must stop; "
             "nothing was written")
     if hdr["epoch"] != epoch:
         raise FencedError(
-            f"run {rid.decode()!r} in store {scope.path} is at epoch {hdr['epoch']} "
+            f"run {shown(rid)!r} in store {scope.path} is at epoch {hdr['epoch']} "
             f"(owner {hdr['host']}:{hdr['pid']}) but this writer has epoch {epoch}: the run "
             "was taken over, so this writer must stop; nothing was written")
     if hdr["status"] in FINAL_STATUSES:
         # a completed run cannot be reopened into a second completion (contract C6)
         raise FencedError(
-            f"run {rid.decode()!r} in store {scope.path} is already {hdr['status']}, which is "
+            f"run {shown(rid)!r} in store {scope.path} is already {hdr['status']}, which is "
             "final; nothing was written")
     return hdr, blobs
 
@@ -79,7 +79,7 @@ def run_info(scope: Scope, rid: bytes, hdr: dict[str, Any], blobs: dict[str, byt
     """The :class:`RunInfo` of a run record."""
     parent = hdr.get("parent")
     return RunInfo(
-        run_id=rid.decode(), tenant=scope.tenant, entry=hdr["entry"], args=blobs.get("args", b""),
+        run_id=shown(rid), tenant=scope.tenant, entry=hdr["entry"], args=blobs.get("args", b""),
         strategy=hdr["strategy"], status=hdr["status"], created=hdr["created"],
         updated=hdr["updated"], epoch=hdr["epoch"], owner_host=hdr["host"],
         owner_pid=hdr["pid"], lease_expiry=hdr["lease"], result=blobs.get("result"),
@@ -99,6 +99,6 @@ def check_no_remains(scope: Scope, txn: Any, rid: bytes) -> None:
     for db in ("journal", "snaps", "signals"):
         if txn.get(head_key(db, pfx), db=scope.dbs[db]) is not None:
             raise StoreCorruptError(
-                f"store {scope.path}: the record of run {rid.decode()!r} is missing but its "
+                f"store {scope.path}: the record of run {shown(rid)!r} is missing but its "
                 f"{db} is there (damage lost or moved the run record); restore the store "
                 "from a backup")
