@@ -273,8 +273,63 @@ def standard_stream(name: str) -> Any:
 # -------------------------------------------------------------------- code
 
 
+_CO_CODE = 6  # where co_code sits in the arguments (cloudpickle's layout on 3.11-3.13)
+_BYTECODE: list[tuple[frozenset[int], tuple[int, ...]]] = []
+
+
+def _bytecode_tables() -> tuple[frozenset[int], tuple[int, ...]]:
+    """The opcodes a code object's ``co_code`` may hold, and each one's inline cache
+    entries (built on first use: ``dis`` is not imported by a restore that needs no code)."""
+    if not _BYTECODE:
+        import dis
+
+        ok = frozenset(
+            op for name, op in dis.opmap.items()
+            if op < 256 and name not in ("CACHE", "RESERVED", "ENTER_EXECUTOR")
+            and not name.startswith("INSTRUMENTED_"))
+        table = dis._inline_cache_entries  # type: ignore[attr-defined]
+        caches = tuple(table[op] if isinstance(table, list) else table.get(dis.opname[op], 0)
+                       for op in range(256))
+        _BYTECODE.append((ok, caches))
+    return _BYTECODE[0]
+
+
+def check_bytecode(co_code: object) -> None:
+    """CorruptSnapshotError unless ``co_code`` is made of whole instructions of this
+    interpreter's base (unspecialised, uninstrumented) opcodes, each followed by all of its
+    inline cache entries.
+
+    CPython trusts the bytecode a code object is built from: building one (``_PyCode_Quicken``)
+    and reading its ``co_code`` (``deopt_code``) write each instruction's inline caches, found
+    by opcode, without a bounds check.  A specialised opcode, or caches that run past the end,
+    make either write past the buffer (found by the snapshot fuzz campaign under
+    AddressSanitizer: a nested function's last instruction turned into LOAD_ATTR_METHOD_NO_DICT
+    wrote 18 bytes past ``co_code`` on 3.12).  A snapshot is MAC-checked before it is
+    unpickled, so this takes a forged or mis-keyed snapshot, not damage; it is checked anyway.
+    """
+    if not isinstance(co_code, bytes) or not co_code or len(co_code) % 2:
+        raise errors.CorruptSnapshotError("a code object's bytecode is malformed")
+    ok, caches = _bytecode_tables()
+    n, i = len(co_code), 0
+    while i < n:
+        op = co_code[i]
+        if op not in ok:
+            raise errors.CorruptSnapshotError(
+                f"a code object's bytecode has opcode {op} at offset {i}, which this interpreter "
+                "does not compile")
+        i += 2 + 2 * caches[op]
+        if i > n:
+            raise errors.CorruptSnapshotError(
+                f"a code object's bytecode ends inside the inline caches of its last instruction "
+                f"(opcode {op})")
+
+
 def make_code(args: tuple[Any, ...], filename: str) -> types.CodeType:
-    """Build a code object from this interpreter's ``CodeType`` arguments."""
+    """Build a code object from this interpreter's ``CodeType`` arguments, its bytecode
+    checked first (:func:`check_bytecode`)."""
+    if not isinstance(args, tuple) or len(args) <= _CO_CODE:
+        raise errors.CorruptSnapshotError("malformed code object arguments")
+    check_bytecode(args[_CO_CODE])
     return types.CodeType(*args).replace(co_filename=filename)
 
 
