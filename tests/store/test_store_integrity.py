@@ -546,6 +546,28 @@ def test_a_run_key_damaged_into_invalid_utf8_is_reported_not_a_crash(store_path:
     assert [r["id"] for r in json.loads(out.stdout)] == ["cd"]  # the intact run is listed
 
 
+def test_signal_record_moved_to_another_name_of_the_same_run_is_reported(store_path: str) -> None:
+    """Regression (data.mdb splice campaign): damage rewrote a delivered approval's key to
+    another name of the same run, so the run's signal count still agreed; the approval read as
+    never sent (`tcc show` said 'not sent', `tcc resume` parked again) and could have been
+    delivered a second time.  A lookup that misses now checks the run's records' MACs."""
+    with open_store(store_path) as s:
+        s.create_run("e", run_id="r")
+        s.send_signal("r", "approval@1", b"yes")
+    key, moved = b"default\x00r\x00approval@1", b"default\x00r\x00appr\x00\x00\x00\x00\x00\x00"
+    _edit(store_path, b"signals", lambda txn, dbi: txn.put(moved, txn.get(key, db=dbi), db=dbi))
+    _edit(store_path, b"signals", lambda txn, dbi: txn.delete(key, db=dbi))
+    with open_store(store_path) as s:
+        for read in (lambda: s.peek_signal("r", "approval@1"), lambda: s.signal_state("r", "approval@1"),
+                     lambda: s.send_signal("r", "approval@1", b"again"),
+                     lambda: s.take_signal("r", 1, "approval@1"),
+                     lambda: s.peek_signal("r", "other")):
+            with pytest.raises(StoreCorruptError, match="a signal record of run 'r'.*failed verification"):
+                read()
+        with pytest.raises(StoreCorruptError, match="failed verification"):
+            s.pending_signals("r")
+
+
 def test_signal_record_moved_away_is_reported(store_path: str) -> None:
     """Regression class of the stale-signals finding: a delivered approval whose record damage
     moved away must not read as never sent; the run's sealed signal count disagrees."""

@@ -45,8 +45,8 @@ def send_signal(scope: Scope, run_id: str, name: str, value: bytes) -> bool:
         load_run(scope, txn, rid)
         if txn.get(key, db=scope.dbs["signals"]) is not None:
             return False
-        # never delivered -- unless damage lost its record: then "once, ever" needs the count
-        check_tally(scope, txn, "signals", scope.run_prefix(rid), None, f"run {run_id!r}")
+        # never delivered -- unless damage lost or moved its record: "once, ever" needs both checks
+        _check_absent(scope, txn, run_id, scope.run_prefix(rid))
         rec = scope.sealer.seal(b"signals", key, {"s": "pending", "t": time.time()}, {"v": value})
         txn.put(key, rec, db=scope.dbs["signals"])
         add_member(scope, txn, "signals", scope.run_prefix(rid), 1, f"run {run_id!r}")
@@ -121,13 +121,35 @@ def _open_signal(scope: Scope, txn: Any, run_id: str, key: bytes,
     """The verified (header, blobs) of a signal record, or None if never sent."""
     raw = txn.get(key, db=scope.dbs["signals"])
     if raw is None:  # never sent -- unless damage moved or lost its record
-        check_tally(scope, txn, "signals", key[:len(key) - len(name)], None, f"run {run_id!r}")
+        _check_absent(scope, txn, run_id, key[:len(key) - len(name)])
         return None
     try:
         opened: tuple[Any, Any] = scope.sealer.open(b"signals", key, raw)
     except Corrupt as exc:
         raise scope.corrupt(f"signal {name!r} of run {run_id!r}", exc) from None
     return opened
+
+
+def _check_absent(scope: Scope, txn: Any, run_id: str, pfx: bytes) -> None:
+    """A signal looked up under prefix ``pfx`` was not found: StoreCorruptError unless the
+    run's signal records are all there (their count) and all under their own names.
+
+    The count alone misses a record that damage moved to another key of the same run (a
+    name with changed bytes): still one record, but the lookup finds nothing and the signal
+    would read as never sent -- and could be delivered again.  Each record's MAC covers its
+    key, so opening them all finds it.  A miss is rare (a wait that has no answer yet) and
+    a run has few signals, so this costs little where it runs.
+    """
+    check_tally(scope, txn, "signals", pfx, None, f"run {run_id!r}")
+    for other, raw in iter_prefix(txn, scope.dbs["signals"], pfx):
+        if other.endswith(HEAD):
+            continue
+        try:
+            scope.sealer.open(b"signals", bytes(other), raw)
+        except Corrupt as exc:
+            raise scope.corrupt(
+                f"a signal record of run {run_id!r} (damage may have moved it from the name "
+                "looked up)", exc) from None
 
 
 def _read_signal(scope: Scope, run_id: str, name: str) -> tuple[Any, Any] | None:
