@@ -21,10 +21,16 @@ import hashlib
 import os
 import random
 import signal
+import sys
 import time
 from typing import Any
 
 import tcc
+
+_PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers")
+if _PEERS not in sys.path:
+    sys.path.insert(0, _PEERS)
+import _agent  # noqa: E402  the peers' shared agent: the same messages, sizes and checks
 
 
 class FirstEffect(BaseException):
@@ -68,9 +74,10 @@ async def main(n: str = "10", regime: str = "const", work_iters: str = "0") -> d
     """The peers' contract (benchmarks/peers/__init__.py), step for step."""
     steps, work = int(n), int(work_iters)
     ok, done, last = True, 0, ""
-    transcript: list[str] = []
+    transcript: list[dict[str, Any]] = []
+    memory: dict[str, dict[str, Any]] = {}
     state_bytes = int(regime.split(":")[1]) if regime.startswith("size:") else 0
-    blob = [f"{j:08d}" * 16 for j in range(state_bytes // 128)]  # constant state of that size
+    blob = [f"{j:08d}" * 16 for j in range(state_bytes // 128)]  # state of that size
     # ``hold:B``: one unchanged ``bytes`` of B bytes (a model, a document) held all along
     held = random.Random(0).randbytes(int(regime.split(":")[1])) if regime.startswith("hold:") else b""
     for i in range(steps):
@@ -78,13 +85,19 @@ async def main(n: str = "10", regime: str = "const", work_iters: str = "0") -> d
         out = await step(i)
         ok = ok and done == i and out == f"out-{i}"
         done, last = i + 1, out
+        if blob:  # ``size:B``: one 128-byte element of the state rewritten per step
+            blob[i % len(blob)] = f"{i:08d}" * 16
         if regime == "grow":
-            transcript.append(f"{out} [turn {i}] ".ljust(1024, "."))
+            transcript.append(_agent.transcript_entry(i, out))
+        elif regime == "mutate":
+            memory[_agent.memory_slot(i)] = _agent.transcript_entry(i, out)
     del blob, last, held
     if regime == "grow":
-        outputs = [entry.split(" ", 1)[0] for entry in transcript]
+        outputs = [entry["name"] for entry in transcript]
     else:  # constant state: each output was checked on arrival
         outputs = [f"out-{k}" for k in range(done)]
+    if regime == "mutate":
+        ok = ok and _agent.memory_ok(memory, steps)
     if not ok or done != steps:
         return {"n": done, "digest": "MISMATCH"}
     return {"n": steps, "digest": digest(outputs)}

@@ -19,14 +19,16 @@ the systems shuffled in every round with a recorded seed: A C B, B A C, ...):
   in-process (open store -> continuation restored / journal replayed -> first
   new effect issued) and as a whole process (`tcc resume` spawned -> first new
   effect);
-* three regimes: ``const`` (small constant state), ``grow`` (+1 KiB of
-  transcript per step) and ``work`` (0.5 ms of CPU between effects);
+* three regimes: ``const`` (small constant state), ``grow`` (one chat message of real
+  prose or source text, ~1.7 KB on average, appended to a transcript per step) and
+  ``work`` (0.5 ms of CPU between effects); the steady-state and step-cost sections add
+  ``mutate`` (a 16-message scratchpad, one slot rewritten per step);
 * per-step cost while running, checkpoint overhead vs state size against a raw
   LMDB put+commit of the same bytes, store bytes per step;
 * the Young-Daly interval from the measured checkpoint cost, against a
   measured sweep of hybrid K;
 * DBOS and LangGraph running the same agent, when installed (``[peers]``): their
-  recovery, and their mean step on the growing transcript next to tcc's.
+  recovery, and their mean step in each regime next to tcc's.
 """
 
 from __future__ import annotations
@@ -52,15 +54,19 @@ RESULTS = ROOT / "benchmarks" / "results"
 PROFILES = {
     "smoke": {"sizes": [10, 50], "repeats": 2, "regimes": ["const", "grow", "work"],
               "state_sizes": [1 << 10, 100 << 10], "k_sweep": [1, 4, 16], "peer_sizes": [10],
-              "steady_sizes": [50, 200], "held_bytes": 1 << 20},
+              "steady_sizes": [50, 200], "held_bytes": 1 << 20,
+              "step_sizes": [10], "step_regimes": ["const", "grow", "mutate"], "state_n": 20},
     "quick": {"sizes": [10, 100, 1000], "repeats": 3, "regimes": ["const", "grow", "work"],
               "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
               "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000],
-              "steady_sizes": [100, 1000], "held_bytes": 10 << 20},
+              "steady_sizes": [100, 1000], "held_bytes": 10 << 20,
+              "step_sizes": [100, 1000], "step_regimes": ["const", "grow", "mutate"], "state_n": 100},
     "full": {"sizes": [10, 100, 1000, 10000], "repeats": 10, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
              "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000, 10000],
              "steady_sizes": [100, 1000, 10000], "held_bytes": 100 << 20,
+             "step_sizes": [100, 1000, 10000], "step_regimes": ["const", "grow", "mutate"],
+             "step_repeats": 5, "builds": 2, "state_n": 100,
              "conditions": ["warm", "cold", "reboot"]},
 }
 WORK_MS = 0.5
@@ -133,6 +139,7 @@ def build_crashed_run(work: pathlib.Path, strategy: str, n: int, regime: str,
     if k is not None:
         extra = ("--snapshot-every", str(k))
     store = work / f"{strategy}{k or ''}-{regime}-{n}"
+    store.parent.mkdir(parents=True, exist_ok=True)
     reg, work_ms = regime_args(regime)
     kill = n - 1 if kill_at is None else kill_at
     t0 = time.perf_counter()
@@ -236,32 +243,65 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def in_place(store: pathlib.Path, scratch: pathlib.Path) -> float:
+    """Whole-process recovery of the crashed store itself, as the crash left it (no copy, no
+    untimed open before): the last thing done with a build."""
+    marker = scratch / "first.txt"
+    marker.unlink(missing_ok=True)
+    t0 = time.time()
+    proc = subprocess.run(tcc_cmd("resume", "bench"), env=env_for(store, BENCH_FIRST=str(marker)),
+                          capture_output=True, text=True, timeout=3600)
+    if not marker.exists():
+        raise RuntimeError(f"recovery never reached a new effect: {proc.stderr}")
+    return float(marker.read_text()) - t0
+
+
 def recovery_suite(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
+    """Recovery latency by regime, history length and strategy.
+
+    ``builds`` crashed stores are made per case (each run and killed afresh), and the
+    repetitions take them in turn, so that the variance between builds is sampled; each
+    repetition recovers a fresh copy of its build (in-process, then as a process).  Last,
+    each build is recovered in place, as the crash left it."""
     rows = []
-    for regime in profile["regimes"]:
-        for n in profile["sizes"]:
-            built = {s: build_crashed_run(work, s, n, regime) for s in STRATEGIES}
-            samples: dict[str, dict[str, list[float]]] = {s: {"in": [], "whole": []} for s in STRATEGIES}
-            bare: list[float] = []
-            for _ in range(profile["repeats"]):
-                for s in shuffled(STRATEGIES):  # interleaved, each round in its own order
-                    samples[s]["in"].append(in_process(built[s]["store"], work))
-                    samples[s]["whole"].append(whole_process(built[s]["store"], work))
-                    bare.append(bare_interpreter())
-            for s in STRATEGIES:
-                row = {
-                    "regime": regime, "n": n, "strategy": s,
-                    "in_process_s": samples[s]["in"], "whole_process_s": samples[s]["whole"],
-                    "bare_interpreter_s": bare,
-                    "build_s": built[s]["build_s"], "store_bytes": built[s]["bytes"],
-                    "bytes_per_step": built[s]["bytes"] / max(1, built[s]["steps_done"]),
-                    "result": finish(built[s]["store"], work),
-                }
-                rows.append(row)
-                log(f"recovery {regime:5} N={n:<6} {s:12} in-process {median(row['in_process_s']) * 1e3:9.2f} ms"
-                    f"  whole {median(row['whole_process_s']) * 1e3:8.1f} ms"
-                    f" ({median(row['whole_process_s']) / median(bare):.1f}x python -c pass)")
-                shutil.rmtree(built[s]["store"], ignore_errors=True)
+    builds = profile.get("builds", 1)
+    cases = [(regime, n) for regime in profile["regimes"] for n in profile["sizes"]]
+    # recovery against state size (one history length; the agent rewrites one element per step)
+    cases += [(f"size:{b}", profile["state_n"]) for b in profile["state_sizes"] if "state_n" in profile]
+    for regime, n in cases:
+        built = [{s: build_crashed_run(work / f"b{b}", s, n, regime) for s in shuffled(STRATEGIES)}
+                 for b in range(builds)]
+        samples: dict[str, dict[str, list[float]]] = {s: {"in": [], "whole": [], "place": []}
+                                                      for s in STRATEGIES}
+        bare: list[float] = []
+        for rep in range(profile["repeats"]):
+            for s in shuffled(STRATEGIES):  # interleaved, each round in its own order
+                store = built[rep % builds][s]["store"]
+                samples[s]["in"].append(in_process(store, work))
+                samples[s]["whole"].append(whole_process(store, work))
+                bare.append(bare_interpreter())
+        results = {s: finish(built[0][s]["store"], work) for s in STRATEGIES}
+        for b in range(builds):
+            for s in shuffled(STRATEGIES):
+                samples[s]["place"].append(in_place(built[b][s]["store"], work))
+        for s in STRATEGIES:
+            row = {
+                "regime": regime, "n": n, "strategy": s, "builds": builds,
+                "in_process_s": samples[s]["in"], "whole_process_s": samples[s]["whole"],
+                "in_place_whole_s": samples[s]["place"],
+                "bare_interpreter_s": bare,
+                "build_s": median([b[s]["build_s"] for b in built]),
+                "store_bytes": median([b[s]["bytes"] for b in built]),
+                "bytes_per_step": median([b[s]["bytes"] for b in built]) / max(1, built[0][s]["steps_done"]),
+                "result": results[s],
+            }
+            rows.append(row)
+            log(f"recovery {regime:>13} N={n:<6} {s:12} in-process {median(row['in_process_s']) * 1e3:9.2f} ms"
+                f"  whole {median(row['whole_process_s']) * 1e3:8.1f} ms"
+                f" ({median(row['whole_process_s']) / median(bare):.1f}x python -c pass)"
+                f"  in place {median(row['in_place_whole_s']) * 1e3:8.1f} ms")
+            for b in built:
+                shutil.rmtree(b[s]["store"], ignore_errors=True)
     return rows
 
 
@@ -269,7 +309,8 @@ def recovery_suite(profile: dict[str, Any], work: pathlib.Path, log: Any) -> lis
 
 
 def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
-    """Per-step time with a snapshot after every effect vs journal only, by state size."""
+    """Per-step time with a snapshot after every effect vs journal only, by state size, next to
+    the marginal cost of the same bytes in a raw synced LMDB commit."""
     import lmdb
 
     from tcc import runtime
@@ -277,7 +318,7 @@ def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -
     from tcc.store import open_store
 
     agent = runtime.load_script(AGENT)
-    steps = 20
+    steps = 50  # the agent rewrites one 128-byte element of its state per step
     rows = []
     for size in profile["state_sizes"]:
         per: dict[str, list[float]] = {"continuation": [], "replay": []}
@@ -289,24 +330,32 @@ def checkpoint_overhead(profile: dict[str, Any], work: pathlib.Path, log: Any) -
                     runtime.start(st, AGENT, [str(steps), f"size:{size}", "0"], strategy=strategy)
                     per[strategy].append((time.perf_counter() - t0) / steps)
                 shutil.rmtree(store_dir, ignore_errors=True)
-        # The raw floor: one LMDB put+commit (sync) of the snapshot's bytes.
+        # The floor is marginal, as tcc's overhead is: a synced LMDB commit of a journal-sized
+        # record with the snapshot's bytes in the same transaction, minus the same commit
+        # without them (interleaved).
         blob = dump_payload([f"{j:08d}" * 16 for j in range(size // 128)])
+        record = b"j" * 128
         env = lmdb.open(str(work / f"raw-{size}"), map_size=1 << 33, sync=True)
-        floor = []
-        for i in range(max(5, profile["repeats"] * 3)):
-            t0 = time.perf_counter()
-            with env.begin(write=True) as txn:
-                txn.put(b"k%d" % i, blob)
-            floor.append(time.perf_counter() - t0)
+        timed: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(max(10, profile["repeats"] * 3)):
+            for with_blob in shuffled([True, False]):
+                t0 = time.perf_counter()
+                with env.begin(write=True) as txn:
+                    txn.put(b"j%d-%d" % (i, with_blob), record)
+                    if with_blob:
+                        txn.put(b"s%d" % i, blob)
+                timed[with_blob].append(time.perf_counter() - t0)
         env.close()
         shutil.rmtree(work / f"raw-{size}", ignore_errors=True)
+        floor = [max(0.0, median(timed[True]) - median(timed[False]))]
         overhead = median(per["continuation"]) - median(per["replay"])
         rows.append({"state_bytes": size, "snapshot_bytes": len(blob),
                      "step_s_continuation": per["continuation"], "step_s_journal_only": per["replay"],
                      "checkpoint_overhead_s": overhead, "raw_lmdb_commit_s": median(floor),
+                     "raw_commit_with_s": timed[True], "raw_commit_without_s": timed[False],
                      "ratio_vs_raw": overhead / median(floor) if median(floor) else float("nan")})
         log(f"checkpoint state {size:>9,} B: overhead {overhead * 1e3:7.3f} ms/step, "
-            f"raw LMDB commit {median(floor) * 1e3:7.3f} ms")
+            f"raw LMDB marginal {median(floor) * 1e3:7.3f} ms")
         del agent.Harness.in_process_hook[:]
     return rows
 
@@ -323,6 +372,7 @@ def step_gaps(agent: Any, folder: pathlib.Path, n: int, regime: str, strategy: s
     from tcc.store import open_store
 
     stamps: list[float] = []
+    agent._agent.warm()  # as every peer child does before its timed loop
     agent.Harness.in_process_hook[:] = [lambda _i: stamps.append(time.perf_counter())]
     try:
         with open_store(folder) as st:
@@ -336,15 +386,16 @@ def step_gaps(agent: Any, folder: pathlib.Path, n: int, regime: str, strategy: s
 def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
     """The cost of one step once a run is long: the median of the last steps' intervals.
 
-    ``grow`` (a transcript + 1 KiB per step) at each of ``steady_sizes``, continuation
-    (a snapshot after every effect) next to replay (journal only); and ``hold`` (an
-    unchanged ``bytes`` of ``held_bytes`` kept all along) next to the same agent without
-    it, at the smallest size.  Runs are in-process, repetitions interleaved."""
+    ``grow`` (a transcript + one chat message per step) and ``mutate`` (a 16-message
+    scratchpad, one slot rewritten per step) at each of ``steady_sizes``, continuation (a
+    snapshot after every effect) next to replay (journal only); and ``hold`` (an unchanged
+    ``bytes`` of ``held_bytes`` kept all along) next to the same agent without it, at the
+    smallest size.  Runs are in-process, repetitions interleaved."""
     from tcc import runtime
 
     agent = runtime.load_script(AGENT)
     small = min(profile["steady_sizes"])
-    cases = [("grow", n, strategy, "grow") for n in profile["steady_sizes"]
+    cases = [(regime, n, strategy, regime) for regime in ("grow", "mutate") for n in profile["steady_sizes"]
              for strategy in ("continuation", "replay")]
     cases += [("hold", small, "continuation", f"hold:{profile['held_bytes']}"),
               ("hold", small, "continuation", "const")]
@@ -363,12 +414,13 @@ def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[
 
 
 # LangGraph keeps every checkpoint, each the whole state: on the growing transcript that is
-# N^2/2 KiB on disk (48 GiB at N = 10,000, measured), so its step cost is measured up to here.
-STEP_COST_MAX_N = {"langgraph": 3000}
+# N^2/2 messages on disk (~87 GB at N = 10,000), so its step cost is measured up to here.
+STEP_COST_MAX_N = {("langgraph", "grow"): 3000}
 
 
 def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
-    """What a step costs on the growing transcript, tcc next to the installed peers.
+    """What a step costs, tcc next to the installed peers, in each of ``step_regimes``
+    (default: the growing transcript).
 
     At each of ``peer_sizes``, one repetition of every system per round (rounds
     interleaved): tcc continuation and tcc replay run N steps in-process
@@ -386,39 +438,49 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
         log("step costs: no peer installed (pip install 'tcc[peers]'); skipped")
         return []
     rows: list[dict[str, Any]] = []
-    for n in profile["peer_sizes"]:
-        bare = _agent.bare_per_step_s(n, "grow", 0)
-        systems = ["tcc continuation", "tcc replay", *[name for name, _ in peer_mods]]
-        samples: dict[str, dict[str, list[float]]] = {s: {"mean": [], "tail": []} for s in systems}
-        mods = dict(peer_mods)
-        for rep in range(profile["repeats"]):
-            for system in shuffled(systems):  # every system once per round, in its own order
-                if system.startswith("tcc "):
-                    strategy = system.split(" ", 1)[1]
-                    gaps = step_gaps(agent, work / f"steps-{n}-{strategy}-{rep}", n, "grow", strategy)
-                    samples[system]["mean"].append(statistics.fmean(gaps))
-                    samples[system]["tail"].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
-                    continue
-                if n > STEP_COST_MAX_N.get(system, n):
-                    continue
-                folder = work / f"steps-{system}-{n}-{rep}"
-                folder.mkdir(parents=True, exist_ok=True)
-                row = mods[system].measure(n, regime="grow", work_ms=0.0, repeats=1, workdir=folder,
-                                           work_iters=0)
-                if row.get("final_result") not in (None, _agent.expected_result(n)):
-                    raise RuntimeError(f"{system} returned {row['final_result']} at N={n}")
-                samples[system]["mean"].append(row["per_step_overhead_runs_s"][0] + row["bare_step_s"])
-                shutil.rmtree(folder, ignore_errors=True)
-        for system in systems:
-            if not samples[system]["mean"]:
-                log(f"steps grow N={n:<6} {system:17} not measured: it keeps every checkpoint of the "
-                    f"growing state (~{n * n // 2 // 1024 / 1024:,.0f} GiB at this N)")
+    for regime in profile.get("step_regimes", ["grow"]):
+        for n in profile.get("step_sizes", profile["peer_sizes"]):
+            rows += _step_costs_at(profile, work, log, agent, peer_mods, regime, n)
+    return rows
+
+
+def _step_costs_at(profile: dict[str, Any], work: pathlib.Path, log: Any, agent: Any,
+                   peer_mods: list[tuple[str, Any]], regime: str, n: int) -> list[dict[str, Any]]:
+    from benchmarks.peers import _agent
+
+    rows: list[dict[str, Any]] = []
+    bare = _agent.bare_per_step_s(n, regime, 0)
+    systems = ["tcc continuation", "tcc replay", *[name for name, _ in peer_mods]]
+    samples: dict[str, dict[str, list[float]]] = {s: {"mean": [], "tail": []} for s in systems}
+    mods = dict(peer_mods)
+    for rep in range(profile.get("step_repeats", profile["repeats"])):
+        for system in shuffled(systems):  # every system once per round, in its own order
+            if system.startswith("tcc "):
+                strategy = system.split(" ", 1)[1]
+                gaps = step_gaps(agent, work / f"steps-{regime}-{n}-{strategy}-{rep}", n, regime, strategy)
+                samples[system]["mean"].append(statistics.fmean(gaps))
+                samples[system]["tail"].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
                 continue
-            rows.append({"n": n, "system": system, "bare_step_s": bare,
-                         "mean_step_s": samples[system]["mean"], "tail_step_s": samples[system]["tail"]})
-            log(f"steps grow N={n:<6} {system:17} mean {median(samples[system]['mean']) * 1e3:7.3f} ms/step"
-                + (f"  last {STEADY_TAIL}: {median(samples[system]['tail']) * 1e3:7.3f}"
-                   if samples[system]["tail"] else ""))
+            if n > STEP_COST_MAX_N.get((system, regime), n):
+                continue
+            folder = work / f"steps-{system}-{regime}-{n}-{rep}"
+            folder.mkdir(parents=True, exist_ok=True)
+            row = mods[system].measure(n, regime=regime, work_ms=0.0, repeats=1, workdir=folder,
+                                       work_iters=0)
+            if row.get("final_result") not in (None, _agent.expected_result(n)):
+                raise RuntimeError(f"{system} returned {row['final_result']} at N={n} ({regime})")
+            samples[system]["mean"].append(row["per_step_overhead_runs_s"][0] + row["bare_step_s"])
+            shutil.rmtree(folder, ignore_errors=True)
+    for system in systems:
+        if not samples[system]["mean"]:
+            log(f"steps {regime:6} N={n:<6} {system:17} not measured: it keeps every checkpoint of the "
+                "whole growing state")
+            continue
+        rows.append({"n": n, "regime": regime, "system": system, "bare_step_s": bare,
+                     "mean_step_s": samples[system]["mean"], "tail_step_s": samples[system]["tail"]})
+        log(f"steps {regime:6} N={n:<6} {system:17} mean {median(samples[system]['mean']) * 1e3:7.3f} ms/step"
+            + (f"  last {STEADY_TAIL}: {median(samples[system]['tail']) * 1e3:7.3f}"
+               if samples[system]["tail"] else ""))
     return rows
 
 
@@ -695,6 +757,8 @@ def check(raw: dict[str, Any]) -> list[str]:
         by_case.setdefault((row["regime"], row["n"]), {})[row["strategy"]] = row["result"]
         if not row["in_process_s"] or not row["whole_process_s"]:
             problems.append(f"no numbers for {row['strategy']} {row['regime']} N={row['n']}")
+        if "builds" in row and len(row.get("in_place_whole_s", [])) != row["builds"]:
+            problems.append(f"no in-place recovery for {row['strategy']} {row['regime']} N={row['n']}")
     for (regime, n), results in by_case.items():
         if set(results) != set(STRATEGIES):
             problems.append(f"missing strategies for {regime} N={n}: {sorted(results)}")

@@ -84,6 +84,20 @@ def ratio_cell(xs: list[float], ys: list[float]) -> str:
     return f"{med(xs) / med(ys):.2f}×{mark} [{lo:.2f}–{hi:.2f}]"
 
 
+def regime_order(regime: str, n: int) -> tuple[int, str, int, int]:
+    """History regimes by name, then the state-size cases (``size:B``) by size."""
+    if regime.startswith("size:"):
+        return (1, "", int(regime.split(":")[1]), n)
+    return (0, regime, 0, n)
+
+
+def regime_label(regime: str) -> str:
+    if not regime.startswith("size:"):
+        return regime
+    size = int(regime.split(":")[1])
+    return f"state {size / (1 << 20):g} MiB" if size >= 1 << 20 else f"state {size / 1024:g} KiB"
+
+
 def recovery_table(raw: dict[str, Any], key: str) -> list[str]:
     lines = [
         f"| regime | N | continuation (ms) | hybrid K={raw['hybrid_k']} (ms) | replay (ms) "
@@ -92,11 +106,11 @@ def recovery_table(raw: dict[str, Any], key: str) -> list[str]:
     ]
     cases: dict[tuple[str, int], dict[str, list[float]]] = {}
     for row in raw["recovery"]:
-        cases.setdefault((row["regime"], row["n"]), {})[row["strategy"]] = row[key]
-    for (regime, n), by in sorted(cases.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        cases.setdefault((row["regime"], row["n"]), {})[row["strategy"]] = row.get(key, [])
+    for (regime, n), by in sorted(cases.items(), key=lambda kv: regime_order(*kv[0])):
         c, h, r = (by.get(s, []) for s in ("continuation", "hybrid", "replay"))
         lines.append(
-            f"| {regime} | {n:,} | {ms_ci(c)} | {ms_ci(h)} | {ms_ci(r)} | {ratio_cell(h, c)} "
+            f"| {regime_label(regime)} | {n:,} | {ms_ci(c)} | {ms_ci(h)} | {ms_ci(r)} | {ratio_cell(h, c)} "
             f"| {ratio_cell(r, c)} |"
         )
     return lines
@@ -111,10 +125,21 @@ def bare_interpreter_lines(raw: dict[str, Any]) -> list[str]:
     lines = ["Continuation's whole-process recovery against `python -c pass` spawned in the same "
              "rounds:", "", "| regime | N | `python -c pass` (ms) | recovery / `python -c pass` |",
              "|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["regime"], r["n"])):
+    for r in sorted(rows, key=lambda r: regime_order(r["regime"], r["n"])):
         bare = med(r["bare_interpreter_s"])
-        lines.append(f"| {r['regime']} | {r['n']:,} | {ms(bare)} | {med(r['whole_process_s']) / bare:.1f}× |")
+        lines.append(f"| {regime_label(r['regime'])} | {r['n']:,} | {ms(bare)} | {med(r['whole_process_s']) / bare:.1f}× |")
     return lines
+
+
+def in_place_lines(raw: dict[str, Any]) -> list[str]:
+    """Whole-process recovery of each crashed store itself, as the crash left it (one per
+    build; older raw files timed copies only)."""
+    if not any(r.get("in_place_whole_s") for r in raw["recovery"]):
+        return []
+    builds = max(r.get("builds", 1) for r in raw["recovery"])
+    return ["## Recovery in place, whole process (the store the crash left, no copy)", "",
+            f"One recovery per crashed store; {builds} stores built per case (the tables above "
+            "recover fresh copies of them in turn).", "", *recovery_table(raw, "in_place_whole_s"), ""]
 
 
 def peer_table(raw: dict[str, Any]) -> list[str]:
@@ -177,7 +202,7 @@ def peer_table(raw: dict[str, Any]) -> list[str]:
 def checkpoint_table(raw: dict[str, Any]) -> list[str]:
     lines = [
         "| state | snapshot bytes | step, snapshot each effect (ms) | step, journal only (ms) "
-        "| checkpoint overhead (ms) | raw LMDB sync commit (ms) | overhead / raw |",
+        "| checkpoint overhead (ms) | raw LMDB floor (ms) | overhead / floor |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in raw["checkpoint"]:
@@ -186,7 +211,13 @@ def checkpoint_table(raw: dict[str, Any]) -> list[str]:
             f"| {ms(med(row['step_s_journal_only']))} | {ms(row['checkpoint_overhead_s'])} "
             f"| {ms(row['raw_lmdb_commit_s'])} | {row['ratio_vs_raw']:.2f}× |"
         )
-    return lines
+    marginal = any("raw_commit_with_s" in row for row in raw["checkpoint"])
+    return lines + ["", "The agent rewrites one 128-byte element of its state per step. Overhead: the "
+                    "median step with a snapshot after every effect minus the median journal-only step. "
+                    + ("Floor: the marginal cost of the same snapshot bytes in a raw synced LMDB commit "
+                       "(a journal-sized record with them, minus the same commit without them)."
+                       if marginal else "Floor: a separate synced raw LMDB put+commit of the bytes "
+                       "(runs before the marginal floor).")]
 
 
 def steady_table(raw: dict[str, Any]) -> list[str]:
@@ -197,14 +228,19 @@ def steady_table(raw: dict[str, Any]) -> list[str]:
     if not rows:
         return ["(not measured in this run)"]
     step = {(r["kind"], r["n"], r["strategy"], r["regime"]): med(r["step_s"]) for r in rows}
-    grow = sorted({r["n"] for r in rows if r["kind"] == "grow"})
+    samples = {(r["kind"], r["n"], r["strategy"], r["regime"]): r["step_s"] for r in rows}
     lines = ["| workload | N | continuation (ms/step) | replay, journal only (ms/step) "
-             "| continuation / replay | continuation / at N = {:,} |".format(grow[0]),
+             "| continuation / replay | continuation / at the smallest N |",
              "|---|---|---|---|---|---|"]
-    base = step[("grow", grow[0], "continuation", "grow")]
-    for n in grow:
-        c, r = step[("grow", n, "continuation", "grow")], step[("grow", n, "replay", "grow")]
-        lines.append(f"| grow (+1 KiB/step) | {n:,} | {ms(c)} | {ms(r)} | {c / r:.2f}× | {c / base:.2f}× |")
+    for kind, label in (("grow", "grow (+1 message/step)"), ("mutate", "mutate (16 slots, 1 rewritten/step)")):
+        sizes = sorted({r["n"] for r in rows if r["kind"] == kind})
+        if not sizes:
+            continue
+        base = samples[(kind, sizes[0], "continuation", kind)]
+        for n in sizes:
+            c, r = samples[(kind, n, "continuation", kind)], samples[(kind, n, "replay", kind)]
+            lines.append(f"| {label} | {n:,} | {ms_ci(c)} | {ms_ci(r)} | {ratio_cell(c, r)} "
+                         f"| {ratio_cell(c, base) if n != sizes[0] else '1'} |")
     held = [r for r in rows if r["kind"] == "hold" and r["regime"].startswith("hold:")]
     for row in held:
         plain = step[("hold", row["n"], "continuation", "const")]
@@ -218,26 +254,31 @@ def steady_table(raw: dict[str, Any]) -> list[str]:
 
 
 def step_cost_table(raw: dict[str, Any]) -> list[str]:
-    """Mean step on the growing transcript, tcc next to the peers (the hot-path goal: tcc
-    continuation at most 0.5x each peer at N = 1,000 and 10,000), as ratios in one run."""
+    """Mean step in each regime, tcc next to the peers (the hot-path goal: tcc continuation
+    at most 0.5x each peer at N = 1,000 and 10,000), as ratios in one run."""
     rows = raw.get("step_costs") or []
     if not rows:
         return ["(not measured in this run: the peers are not installed, or --no-peers)"]
     systems = list(dict.fromkeys(r["system"] for r in rows))
     peers = [s for s in systems if not s.startswith("tcc")]
-    lines = ["| N | " + " | ".join(f"{s} (ms/step)" for s in systems) + " | "
+    lines = ["| regime | N | " + " | ".join(f"{s} (ms/step)" for s in systems) + " | "
              + " | ".join(f"continuation / {p}" for p in peers) + " | no framework (µs/step) |",
-             "|" + "---|" * (len(systems) + len(peers) + 2)]
-    for n in sorted({r["n"] for r in rows}):
-        at = {r["system"]: r for r in rows if r["n"] == n}
-        cells = [ms_ci(at[s]["mean_step_s"]) if s in at else "not measured" for s in systems]
-        ratios = [ratio_cell(at["tcc continuation"]["mean_step_s"], at[p]["mean_step_s"]) if p in at
-                  else "—" for p in peers]
-        lines.append(f"| {n:,} | " + " | ".join(cells + ratios) + f" | {at['tcc continuation']['bare_step_s'] * 1e6:.1f} |")
+             "|" + "---|" * (len(systems) + len(peers) + 3)]
+    regimes = list(dict.fromkeys(r.get("regime", "grow") for r in rows))
+    for regime in regimes:
+        for n in sorted({r["n"] for r in rows if r.get("regime", "grow") == regime}):
+            at = {r["system"]: r for r in rows if r["n"] == n and r.get("regime", "grow") == regime}
+            cells = [ms_ci(at[s]["mean_step_s"]) if s in at else "not measured" for s in systems]
+            ratios = [ratio_cell(at["tcc continuation"]["mean_step_s"], at[p]["mean_step_s"]) if p in at
+                      else "—" for p in peers]
+            lines.append(f"| {regime} | {n:,} | " + " | ".join(cells + ratios)
+                         + f" | {at['tcc continuation']['bare_step_s'] * 1e6:.1f} |")
     return lines + ["", "Mean step interval over the whole run of N steps (tcc in-process; each peer in "
-                    "its crash child, steps 0..N-2), the agent's own work included. LangGraph is not run on the "
-                    "growing transcript above N = 3,000: it keeps every checkpoint of the whole state "
-                    "(48 GiB at N = 10,000)."]
+                    "its crash child, steps 0..N-2), the agent's own work included. Regimes: `const` "
+                    "(a counter and the last output), `grow` (one chat message, ~1.7 KB of real prose or "
+                    "source text, appended per step), `mutate` (a 16-message scratchpad, one slot "
+                    "rewritten per step). LangGraph is not run on the growing transcript above "
+                    "N = 3,000: it keeps every checkpoint of the whole state (N²/2 messages)."]
 
 
 def bytes_table(raw: dict[str, Any]) -> list[str]:
@@ -245,9 +286,9 @@ def bytes_table(raw: dict[str, Any]) -> list[str]:
     cases: dict[tuple[str, int], dict[str, float]] = {}
     for row in raw["recovery"]:
         cases.setdefault((row["regime"], row["n"]), {})[row["strategy"]] = row["bytes_per_step"]
-    for (regime, n), by in sorted(cases.items()):
+    for (regime, n), by in sorted(cases.items(), key=lambda kv: regime_order(*kv[0])):
         lines.append(
-            f"| {regime} | {n:,} | {by.get('continuation', 0):,.0f} | {by.get('hybrid', 0):,.0f} "
+            f"| {regime_label(regime)} | {n:,} | {by.get('continuation', 0):,.0f} | {by.get('hybrid', 0):,.0f} "
             f"| {by.get('replay', 0):,.0f} |"
         )
     return lines
@@ -345,10 +386,11 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
         "## Recovery latency, whole process (`tcc resume` spawned → first new effect)", "",
         *recovery_table(raw, "whole_process_s"), "",
         *bare_interpreter_lines(raw), "",
+        *in_place_lines(raw),
         "## Peers, same agent, same machine, same session", "", *peer_table(raw), "",
         "## Checkpoint overhead per step vs state size", "", *checkpoint_table(raw), "",
         "## Steady-state step (median of the last 100 steps of a run)", "", *steady_table(raw), "",
-        "## Step cost on the growing transcript, tcc next to the peers", "", *step_cost_table(raw), "",
+        "## Step cost per regime, tcc next to the peers", "", *step_cost_table(raw), "",
         "## Store bytes per step (allocated store size / steps run)", "", *bytes_table(raw), "",
         "## Young-Daly interval vs measured hybrid K", "", *young_daly_table(raw), "",
     ]
@@ -360,7 +402,7 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
         return
     summary = [BEGIN, "", header, "", "In-process recovery:", "", *recovery_table(raw, "in_process_s"), "",
                "Steady-state step:", "", *steady_table(raw), "",
-               "Step cost on the growing transcript, next to the peers:", "", *step_cost_table(raw), "",
+               "Step cost per regime, next to the peers:", "", *step_cost_table(raw), "",
                "Peers:", "", *peer_table(raw), "", END]
     text = BENCH_README.read_text() if BENCH_README.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN in text and END in text:

@@ -3,7 +3,7 @@
 Agent contract (mirror this exactly in tcc's benchmark agent; reference code: ``_agent.py``)
 ================================================================================
 
-Parameters: ``n`` steps, ``regime`` in {"const", "grow"}, ``iters`` of busy work per step
+Parameters: ``n`` steps, ``regime`` in {"const", "grow", "mutate"}, ``iters`` of busy work per step
 (``iters = _agent.calibrate_work(work_ms)``; pass the same ``work_iters`` to every peer and to
 tcc so all do identical CPU work).
 
@@ -11,6 +11,7 @@ State before step 0::
 
     {"i": 0, "ok": True, "last": ""}                       # regime "const"
     {"i": 0, "ok": True, "last": "", "transcript": []}     # regime "grow"
+    {"i": 0, "ok": True, "last": "", "memory": {}}         # regime "mutate"
 
 For i in 0..n-1, in this order:
 
@@ -28,13 +29,18 @@ For i in 0..n-1, in this order:
        state["ok"] = state["ok"] and state["i"] == i and out == f"out-{i}"
        state["i"] = i + 1
        state["last"] = out
-       # regime "grow" only: + ~1 KiB per step
-       state["transcript"].append(f"{out} [turn {i}] ".ljust(1024, "."))
+       # regime "grow": one chat message per step (``transcript_entry``: a dict with role,
+       # name=out and content, real prose from the stdlib's docstrings, or on every third step
+       # a 1-8 KiB tool output of stdlib source text; ~1.7 KB on average)
+       state["transcript"].append(transcript_entry(i, out))
+       # regime "mutate": a 16-slot scratchpad, slot i % 16 rewritten with that message
+       state["memory"][f"slot-{i % 16}"] = transcript_entry(i, out)
 
 Final result, after step n-1 (``_agent.final_result``)::
 
-    outputs = [e.split(" ", 1)[0] for e in transcript]        # "grow": read back from state
-    outputs = [f"out-{k}" for k in range(n)]                  # "const": each was checked on arrival
+    outputs = [e["name"] for e in transcript]                 # "grow": read back from state
+    outputs = [f"out-{k}" for k in range(n)]                  # "const", "mutate": checked on arrival
+    # ("mutate" also checks each slot holds the message of the last step that wrote it)
     {"n": n, "digest": sha256("|".join(outputs).encode()).hexdigest()[:16]}
     # and {"n": state["i"], "digest": "MISMATCH"} if ok is False / the count is wrong
 

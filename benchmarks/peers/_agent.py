@@ -7,12 +7,30 @@ Kept free of third-party imports: the peer child scripts import it as a sibling 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import random
+import re
 import time
 from typing import Any
 
-ENTRY_BYTES = 1024  # regime "grow": bytes appended to the transcript per step
 _WORK_SEED = b"tcc-benchmark-work"
+REGIMES = ("const", "grow", "mutate")
+MEMORY_SLOTS = 16  # regime "mutate": the scratchpad's size, one slot rewritten per step
+
+# The text of the transcript (regimes "grow" and "mutate"): real English prose and real
+# source code, not padding, so that compression and chunking see what they would see in an
+# agent.  Both come from the running interpreter's standard library (the same bytes in the
+# crashed and the recovering process): prose from the docstrings of these modules, tool
+# outputs from their source text.
+TEXT_SOURCES = ("argparse.py", "asyncio/tasks.py", "json/decoder.py", "pathlib.py", "shutil.py",
+                "subprocess.py", "textwrap.py", "typing.py")
+# Sizes (our choice, stated in the paper): two turns in three are assistant replies of 200 to
+# 1,200 characters (uniform); every third is a tool output, log-normal with a median of
+# 3 KiB and sigma 0.6, clipped to 1-8 KiB (a file read, a search result page).  ~1.7 KB per
+# step on average.
+REPLY_CHARS = (200, 1200)
+TOOL_MEDIAN, TOOL_SIGMA, TOOL_CLIP = 3072, 0.6, (1024, 8192)
 
 
 def fake_llm(i: int) -> str:
@@ -41,20 +59,73 @@ def calibrate_work(work_ms: float, *, rounds: int = 5) -> int:
     return max(1, round(work_ms / per_iter_ms))
 
 
-def transcript_entry(i: int, out: str) -> str:
-    """Regime "grow": the ~1 KiB transcript entry appended after step i."""
-    head = f"{out} [turn {i}] "
-    return head + "." * (ENTRY_BYTES - len(head))
+class _Corpus:
+    """The prose paragraphs and the source text, read once per process.  Class attributes,
+    not module-level data: tcc records a module's data in every snapshot (README,
+    "Module-level data"), and the corpus is not the agent's state."""
+
+    prose: list[str] = []
+    source: str = ""
+
+
+def _corpus() -> _Corpus:
+    if not _Corpus.prose:
+        root = os.path.dirname(os.__file__)  # the standard library
+        text = []
+        for name in TEXT_SOURCES:
+            with open(os.path.join(root, name), encoding="utf-8") as fh:
+                text.append(fh.read())
+        source = "\n".join(text)
+        docs = re.findall(r'"""(.*?)"""', source, re.S)
+        paragraphs = (" ".join(p.split()) for doc in docs for p in doc.split("\n\n"))
+        _Corpus.prose = [p for p in paragraphs if len(p) >= 80]
+        _Corpus.source = source
+    return _Corpus
+
+
+def warm() -> None:
+    """Read the corpus now (~20 ms), not inside the first step that needs it: every child
+    does this before its timed loop, so no system's step figure carries it."""
+    _corpus()
+
+
+def transcript_entry(i: int, out: str) -> dict[str, Any]:
+    """The chat message step i adds (regime "grow": appended; "mutate": written to a slot).
+
+    A deterministic function of ``i``: an assistant reply (prose), or on every third step a
+    tool output (source text); ``name`` carries the step's output, which the final result
+    reads back.
+    """
+    corpus = _corpus()
+    rng = random.Random(i)
+    if i % 3 == 2:
+        size = int(min(TOOL_CLIP[1], max(TOOL_CLIP[0], rng.lognormvariate(math.log(TOOL_MEDIAN), TOOL_SIGMA))))
+        start = rng.randrange(len(corpus.source) - size)
+        return {"role": "tool", "name": out, "content": corpus.source[start:start + size]}
+    want = rng.randint(*REPLY_CHARS)
+    k = rng.randrange(len(corpus.prose))
+    parts: list[str] = []
+    while sum(map(len, parts)) < want:
+        parts.append(corpus.prose[k % len(corpus.prose)])
+        k += 1
+    return {"role": "assistant", "name": out, "content": " ".join(parts)[:want]}
 
 
 def initial_state(regime: str) -> dict[str, Any]:
     """The agent's state before step 0."""
-    if regime not in ("const", "grow"):
-        raise ValueError(f"unknown regime {regime!r}")
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; one of {', '.join(REGIMES)}")
     state: dict[str, Any] = {"i": 0, "ok": True, "last": ""}
     if regime == "grow":
         state["transcript"] = []
+    if regime == "mutate":
+        state["memory"] = {}
     return state
+
+
+def memory_slot(i: int) -> str:
+    """Regime "mutate": the scratchpad slot step i rewrites."""
+    return f"slot-{i % MEMORY_SLOTS}"
 
 
 def scalar_update(state: dict[str, Any], i: int, out: str) -> dict[str, Any]:
@@ -68,6 +139,8 @@ def advance(state: dict[str, Any], i: int, out: str) -> dict[str, Any]:
     state.update(scalar_update(state, i, out))
     if "transcript" in state:
         state["transcript"].append(transcript_entry(i, out))
+    if "memory" in state:
+        state["memory"][memory_slot(i)] = transcript_entry(i, out)
     return state
 
 
@@ -86,8 +159,12 @@ def final_result(state: dict[str, Any], n: int) -> dict[str, Any]:
     outputs: list[str]
     if "transcript" in state:
         # regime "grow": the outputs are really read back from the transcript
-        outputs = [entry.split(" ", 1)[0] for entry in state["transcript"]]
+        outputs = [entry["name"] for entry in state["transcript"]]
         ok = bool(state["ok"]) and len(outputs) == n
+    elif "memory" in state:
+        # regime "mutate": each slot holds the message of the last step that wrote it
+        ok = bool(state["ok"]) and state["i"] == n and memory_ok(state["memory"], n)
+        outputs = [fake_llm(i) for i in range(n)] if ok else []
     else:
         # regime "const": every output was checked on arrival, in order, against fake_llm(i)
         ok = bool(state["ok"]) and state["i"] == n
@@ -97,8 +174,16 @@ def final_result(state: dict[str, Any], n: int) -> dict[str, Any]:
     return {"n": n, "digest": hashlib.sha256("|".join(outputs).encode()).hexdigest()[:16]}
 
 
+def memory_ok(memory: dict[str, Any], n: int) -> bool:
+    """Regime "mutate": after n steps, every slot holds the message of the last step that wrote it."""
+    latest = {memory_slot(i): i for i in range(max(0, n - MEMORY_SLOTS), n)}
+    return memory.keys() == latest.keys() and all(
+        memory[slot] == transcript_entry(i, fake_llm(i)) for slot, i in latest.items())
+
+
 def bare_per_step_s(n: int, regime: str, iters: int, effects_path: str | None = None) -> float:
     """Seconds per step of the agent loop with no framework at all (the floor)."""
+    warm()
     fd = os.open(effects_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND) if effects_path else -1
     try:
         state = initial_state(regime)

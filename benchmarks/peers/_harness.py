@@ -113,8 +113,8 @@ def run_peer(
     harness drops the page cache there, or invalidates what a reboot would."""
     if n < 2:
         raise ValueError("n must be at least 2 (the crash is at the start of step n-1)")
-    if regime not in ("const", "grow"):
-        raise ValueError(f"unknown regime {regime!r}")
+    if regime not in _agent.REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; one of {', '.join(_agent.REGIMES)}")
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
     workdir = pathlib.Path(workdir)

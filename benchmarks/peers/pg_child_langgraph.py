@@ -56,7 +56,14 @@ class GrowState(TypedDict):
     i: int
     ok: bool
     last: str
-    transcript: Annotated[list[str], operator.add]  # list reducer: one ~1 KiB entry per step
+    transcript: Annotated[list[dict], operator.add]  # list reducer: one message per step
+
+
+class MutateState(TypedDict):
+    i: int
+    ok: bool
+    last: str
+    memory: dict  # a scratchpad of 16 messages, one rewritten per step (the channel's whole value)
 
 
 def _write_out(extra: dict) -> None:
@@ -90,6 +97,8 @@ def step(state: dict) -> dict:
     update = _agent.scalar_update(state, i, out)
     if "transcript" in state:
         update["transcript"] = [_agent.transcript_entry(i, out)]
+    if "memory" in state:
+        update["memory"] = {**state["memory"], _agent.memory_slot(i): _agent.transcript_entry(i, out)}
     return update
 
 
@@ -98,7 +107,7 @@ def route(state: dict) -> str:
 
 
 def build(saver: PostgresSaver):
-    builder = StateGraph(GrowState if ARGS["regime"] == "grow" else ConstState)
+    builder = StateGraph({"grow": GrowState, "mutate": MutateState}.get(ARGS["regime"], ConstState))
     builder.add_node("step", step)
     builder.add_edge(START, "step")
     builder.add_conditional_edges("step", route, ["step", END])
@@ -114,6 +123,7 @@ def main() -> None:
         graph = build(saver)
         _marks["t_opened"] = time.time()
         if MODE == "crash":
+            _agent.warm()  # the messages' text, read before timing (as an agent holds its prompts)
             _marks["t_begin"] = time.time()
             result = graph.invoke(_agent.initial_state(ARGS["regime"]), config, durability=durability)
             raise SystemExit(f"crash mode finished without the kill: {result}")

@@ -11,7 +11,7 @@ import pytest
 
 peers = importlib.import_module("benchmarks.peers")
 
-CASES = [("const", 0.0), ("grow", 0.2)]
+CASES = [("const", 0.0), ("grow", 0.2), ("mutate", 0.0)]
 
 
 def independent_result(n: int) -> dict[str, object]:
@@ -35,7 +35,7 @@ def check_numbers(res: dict, *, peer: str, n: int, regime: str, work_ms: float) 
     assert isinstance(res["notes"], str) and res["notes"]
 
 
-@pytest.mark.parametrize("regime", ["const", "grow"])
+@pytest.mark.parametrize("regime", ["const", "grow", "mutate"])
 def test_agent_contract_final_result(regime: str) -> None:
     """The reference agent loop returns the independently computed final result."""
     agent = importlib.import_module("benchmarks.peers._agent")
@@ -45,8 +45,27 @@ def test_agent_contract_final_result(regime: str) -> None:
         agent.advance(state, i, agent.fake_llm(i))
     assert agent.final_result(state, 12) == independent_result(12)
     assert peers.expected_result(12) == independent_result(12)
-    if regime == "grow":
-        assert all(len(e) == 1024 for e in state["transcript"])
+    if regime == "grow":  # real text, not padding: prose replies, every third a tool output
+        entries = state["transcript"]
+        assert [e["name"] for e in entries] == [f"out-{i}" for i in range(12)]
+        assert [e["role"] for e in entries[:3]] == ["assistant", "assistant", "tool"]
+        assert all(200 <= len(e["content"]) <= 8192 for e in entries)
+        assert all(len(set(e["content"])) > 20 for e in entries)  # many distinct characters
+        assert entries == [agent.transcript_entry(i, f"out-{i}") for i in range(12)]  # deterministic
+    if regime == "mutate":
+        assert sorted(state["memory"]) == sorted(f"slot-{i}" for i in range(agent.MEMORY_SLOTS) if i < 12)
+
+
+def test_mutate_regime_detects_a_stale_slot() -> None:
+    """The scratchpad is really read back: a slot left with an old message is a mismatch."""
+    agent = importlib.import_module("benchmarks.peers._agent")
+    n = agent.MEMORY_SLOTS + 4
+    state = agent.initial_state("mutate")
+    for i in range(n):
+        agent.advance(state, i, agent.fake_llm(i))
+    assert agent.final_result(state, n) == independent_result(n)
+    state["memory"]["slot-1"] = agent.transcript_entry(1, "out-1")  # step 17 rewrote it
+    assert agent.final_result(state, n)["digest"] == "MISMATCH"
 
 
 def test_agent_contract_detects_a_wrong_output() -> None:
