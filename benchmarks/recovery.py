@@ -61,12 +61,18 @@ PROFILES = {
               "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000],
               "steady_sizes": [100, 1000], "held_bytes": 10 << 20,
               "step_sizes": [100, 1000], "step_regimes": ["const", "grow", "mutate"], "state_n": 100},
+    # --full must finish within an hour on 2 cores (issue #24): recovery cases get 10
+    # repetitions; the peers' recovery is compared at N = 1,000 (each repetition builds a new
+    # crashed store per system, minutes at N = 10,000); the step costs at N = 10,000, whose
+    # runs take a minute each, are the growing transcript only, 3 repetitions (the median
+    # of the last 100 steps there is the steady state at that size).
     "full": {"sizes": [10, 100, 1000, 10000], "repeats": 10, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
-             "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000, 10000],
-             "steady_sizes": [100, 1000, 10000], "held_bytes": 100 << 20,
-             "step_sizes": [100, 1000, 10000], "step_regimes": ["const", "grow", "mutate"],
-             "step_repeats": 5, "builds": 2, "state_n": 100,
+             "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000],
+             "steady_sizes": [100, 1000], "held_bytes": 100 << 20,
+             "step_plan": [[regime, n, 5] for n in (100, 1000) for regime in ("const", "grow", "mutate")]
+             + [["grow", 10000, 3]],
+             "builds": 2, "state_n": 100,
              "conditions": ["warm", "cold", "reboot"]},
 }
 WORK_MS = 0.5
@@ -438,14 +444,23 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
         log("step costs: no peer installed (pip install 'tcc[peers]'); skipped")
         return []
     rows: list[dict[str, Any]] = []
-    for regime in profile.get("step_regimes", ["grow"]):
-        for n in profile.get("step_sizes", profile["peer_sizes"]):
-            rows += _step_costs_at(profile, work, log, agent, peer_mods, regime, n)
+    for regime, n, repeats in step_plan(profile):
+        rows += _step_costs_at(work, log, agent, peer_mods, regime, n, repeats)
     return rows
 
 
-def _step_costs_at(profile: dict[str, Any], work: pathlib.Path, log: Any, agent: Any,
-                   peer_mods: list[tuple[str, Any]], regime: str, n: int) -> list[dict[str, Any]]:
+def step_plan(profile: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(regime, N, repetitions) of each step-cost case: ``step_plan`` if the profile has one,
+    else every regime of ``step_regimes`` at every size of ``step_sizes`` (or ``peer_sizes``)."""
+    if "step_plan" in profile:
+        return [(regime, int(n), int(reps)) for regime, n, reps in profile["step_plan"]]
+    return [(regime, n, profile.get("step_repeats", profile["repeats"]))
+            for regime in profile.get("step_regimes", ["grow"])
+            for n in profile.get("step_sizes", profile["peer_sizes"])]
+
+
+def _step_costs_at(work: pathlib.Path, log: Any, agent: Any, peer_mods: list[tuple[str, Any]],
+                   regime: str, n: int, repeats: int) -> list[dict[str, Any]]:
     from benchmarks.peers import _agent
 
     rows: list[dict[str, Any]] = []
@@ -453,7 +468,7 @@ def _step_costs_at(profile: dict[str, Any], work: pathlib.Path, log: Any, agent:
     systems = ["tcc continuation", "tcc replay", *[name for name, _ in peer_mods]]
     samples: dict[str, dict[str, list[float]]] = {s: {"mean": [], "tail": []} for s in systems}
     mods = dict(peer_mods)
-    for rep in range(profile.get("step_repeats", profile["repeats"])):
+    for rep in range(repeats):
         for system in shuffled(systems):  # every system once per round, in its own order
             if system.startswith("tcc "):
                 strategy = system.split(" ", 1)[1]
