@@ -53,7 +53,7 @@ def busy_work(iters: int) -> None:
 
 
 @tcc.effect(name="bench:step")
-def step(i: int) -> str:
+def step(i: int, regime: str = "const") -> Any:
     if Harness.in_process_hook:
         Harness.in_process_hook[0](i)
     if os.environ.get("BENCH_KILL_AT") == str(i):
@@ -63,7 +63,7 @@ def step(i: int) -> str:
         with open(first, "w") as fh:
             fh.write(repr(time.time()))
         os._exit(0)
-    return f"out-{i}"
+    return _agent.fake_llm(i, regime)  # grow, mutate: the message (journaled, as a real reply)
 
 
 def digest(outputs: list[str]) -> str:
@@ -82,15 +82,15 @@ async def main(n: str = "10", regime: str = "const", work_iters: str = "0") -> d
     held = random.Random(0).randbytes(int(regime.split(":")[1])) if regime.startswith("hold:") else b""
     for i in range(steps):
         busy_work(work)
-        out = await step(i)
-        ok = ok and done == i and out == f"out-{i}"
-        done, last = i + 1, out
+        out = await step(i, regime)
+        ok = ok and done == i and _agent.out_name(out) == f"out-{i}"
+        done, last = i + 1, _agent.out_name(out)
         if blob:  # ``size:B``: one 128-byte element of the state rewritten per step
             blob[i % len(blob)] = f"{i:08d}" * 16
         if regime == "grow":
-            transcript.append(_agent.transcript_entry(i, out))
+            transcript.append(out)
         elif regime == "mutate":
-            memory[_agent.memory_slot(i)] = _agent.transcript_entry(i, out)
+            memory[_agent.memory_slot(i)] = out
     del blob, last, held
     if regime == "grow":
         outputs = [entry["name"] for entry in transcript]

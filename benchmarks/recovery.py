@@ -34,6 +34,7 @@ the systems shuffled in every round with a recorded seed: A C B, B A C, ...):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -63,15 +64,16 @@ PROFILES = {
               "step_sizes": [100, 1000], "step_regimes": ["const", "grow", "mutate"], "state_n": 100},
     # --full must finish within an hour on 2 cores (issue #24): recovery cases get 10
     # repetitions; the peers' recovery is compared at N = 1,000 (each repetition builds a new
-    # crashed store per system, minutes at N = 10,000); the step costs at N = 10,000, whose
-    # runs take a minute each, are the growing transcript only, 3 repetitions (the median
-    # of the last 100 steps there is the steady state at that size).
+    # crashed store per system, minutes at N = 10,000); at N = 10,000, whose runs take a
+    # minute each, the step costs are the growing transcript only (5 repetitions) and so is
+    # the steady state (3).
     "full": {"sizes": [10, 100, 1000, 10000], "repeats": 10, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
              "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000],
              "steady_sizes": [100, 1000], "held_bytes": 100 << 20,
+             "steady_extra": [["grow", 10000, 3]],
              "step_plan": [[regime, n, 5] for n in (100, 1000) for regime in ("const", "grow", "mutate")]
-             + [["grow", 10000, 3]],
+             + [["grow", 10000, 5]],
              "builds": 2, "state_n": 100,
              "conditions": ["warm", "cold", "reboot"]},
 }
@@ -286,7 +288,10 @@ def recovery_suite(profile: dict[str, Any], work: pathlib.Path, log: Any) -> lis
                 samples[s]["in"].append(in_process(store, work))
                 samples[s]["whole"].append(whole_process(store, work))
                 bare.append(bare_interpreter())
-        results = {s: finish(built[0][s]["store"], work) for s in STRATEGIES}
+        # every build's run completes to the uninterrupted result (checked by ``check``)
+        finished = {s: [finish(b[s]["store"], work) for b in built] for s in STRATEGIES}
+        results = {s: finished[s][0] if all(r == finished[s][0] for r in finished[s]) else finished[s]
+                   for s in STRATEGIES}
         for b in range(builds):
             for s in shuffled(STRATEGIES):
                 samples[s]["place"].append(in_place(built[b][s]["store"], work))
@@ -403,11 +408,17 @@ def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[
     small = min(profile["steady_sizes"])
     cases = [(regime, n, strategy, regime) for regime in ("grow", "mutate") for n in profile["steady_sizes"]
              for strategy in ("continuation", "replay")]
+    # larger sizes, with fewer repetitions (a run of 10,000 grow steps takes about a minute)
+    extra = [(regime, int(n), strategy, regime, int(reps)) for regime, n, reps in profile.get("steady_extra", [])
+             for strategy in ("continuation", "replay")]
     cases += [("hold", small, "continuation", f"hold:{profile['held_bytes']}"),
               ("hold", small, "continuation", "const")]
+    reps = {c: profile["repeats"] for c in cases}
+    reps.update({e[:4]: e[4] for e in extra})
+    cases += [e[:4] for e in extra]
     samples: dict[tuple[str, int, str, str], list[float]] = {c: [] for c in cases}
     for rep in range(profile["repeats"]):
-        for case in shuffled(cases):
+        for case in shuffled([c for c in cases if reps[c] > rep]):
             kind, n, strategy, regime = case
             gaps = step_gaps(agent, work / f"steady-{kind}-{n}-{strategy}-{regime}-{rep}", n, regime, strategy)
             samples[case].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
@@ -428,24 +439,23 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
     """What a step costs, tcc next to the installed peers, in each of ``step_regimes``
     (default: the growing transcript).
 
-    At each of ``peer_sizes``, one repetition of every system per round (rounds
-    interleaved): tcc continuation and tcc replay run N steps in-process
-    (``runtime.start``), each peer runs its crash child (N-1 steps, then SIGKILL; see
-    ``benchmarks/peers/_harness.py``).  For every system the figure is the mean step
-    interval over the whole run, with the agent's own work in it, so all are measured
-    the same way; ``bare_step_s`` (the agent loop with no framework, measured once per
-    size) is reported next to it.  tcc's last-100-step median is reported too."""
+    At each size, one repetition of every system per round (rounds interleaved): every
+    system, tcc continuation and tcc replay included (``peers/tcc_peer.py``), runs its crash
+    child (N-1 steps, then SIGKILL; see ``benchmarks/peers/_harness.py``), and the figure is
+    ``(t_kill - t_begin) / (N - 1)``: the mean step over the whole run, with the agent's own
+    work in it and the system's start-up out of it, measured the same way for all.
+    ``bare_step_s`` (the agent loop with no framework, measured once per size) is reported
+    next to it.  The steady state (the last steps' median) is ``steady_state``'s business."""
     from benchmarks.peers import _agent
     from tcc import runtime
 
-    agent = runtime.load_script(AGENT)
     peer_mods = installed_peers(lambda _msg: None)  # (peers() says why one is missing)
     if not peer_mods:  # tcc alone is the steady-state section's business
         log("step costs: no peer installed (pip install 'tcc[peers]'); skipped")
         return []
     rows: list[dict[str, Any]] = []
     for regime, n, repeats in step_plan(profile):
-        rows += _step_costs_at(work, log, agent, peer_mods, regime, n, repeats)
+        rows += _step_costs_at(work, log, peer_mods, regime, n, repeats)
     return rows
 
 
@@ -459,9 +469,11 @@ def step_plan(profile: dict[str, Any]) -> list[tuple[str, int, int]]:
             for n in profile.get("step_sizes", profile["peer_sizes"])]
 
 
-def _step_costs_at(work: pathlib.Path, log: Any, agent: Any, peer_mods: list[tuple[str, Any]],
+def _step_costs_at(work: pathlib.Path, log: Any, peer_mods: list[tuple[str, Any]],
                    regime: str, n: int, repeats: int) -> list[dict[str, Any]]:
     from benchmarks.peers import _agent
+
+    from benchmarks.peers import tcc_peer
 
     rows: list[dict[str, Any]] = []
     bare = _agent.bare_per_step_s(n, regime, 0)
@@ -470,18 +482,14 @@ def _step_costs_at(work: pathlib.Path, log: Any, agent: Any, peer_mods: list[tup
     mods = dict(peer_mods)
     for rep in range(repeats):
         for system in shuffled(systems):  # every system once per round, in its own order
-            if system.startswith("tcc "):
-                strategy = system.split(" ", 1)[1]
-                gaps = step_gaps(agent, work / f"steps-{regime}-{n}-{strategy}-{rep}", n, regime, strategy)
-                samples[system]["mean"].append(statistics.fmean(gaps))
-                samples[system]["tail"].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
-                continue
             if n > STEP_COST_MAX_N.get((system, regime), n):
                 continue
-            folder = work / f"steps-{system}-{regime}-{n}-{rep}"
+            folder = work / f"steps-{system.replace(' ', '-')}-{regime}-{n}-{rep}"
             folder.mkdir(parents=True, exist_ok=True)
-            row = mods[system].measure(n, regime=regime, work_ms=0.0, repeats=1, workdir=folder,
-                                       work_iters=0)
+            # tcc too runs in the peers' crash child and is timed by the same formula
+            measure = (functools.partial(tcc_peer.measure, strategy=system.split(" ", 1)[1])
+                       if system.startswith("tcc ") else mods[system].measure)
+            row = measure(n, regime=regime, work_ms=0.0, repeats=1, workdir=folder, work_iters=0)
             if row.get("final_result") not in (None, _agent.expected_result(n)):
                 raise RuntimeError(f"{system} returned {row['final_result']} at N={n} ({regime})")
             samples[system]["mean"].append(row["per_step_overhead_runs_s"][0] + row["bare_step_s"])

@@ -33,9 +33,18 @@ REPLY_CHARS = (200, 1200)
 TOOL_MEDIAN, TOOL_SIGMA, TOOL_CLIP = 3072, 0.6, (1024, 8192)
 
 
-def fake_llm(i: int) -> str:
-    """Step i's fake LLM/tool call: a deterministic function of i."""
-    return f"out-{i}"
+def fake_llm(i: int, regime: str = "const") -> Any:
+    """Step i's fake LLM/tool call, a deterministic function of i: ``out-i``, or in regimes
+    "grow" and "mutate" the chat message the step adds (named ``out-i``).  The message is the
+    call's result, as a model's reply or a tool's output is, so every system records it as
+    it would record a real one (a journal, a step output, a checkpoint)."""
+    out = f"out-{i}"
+    return transcript_entry(i, out) if regime in ("grow", "mutate") else out
+
+
+def out_name(out: Any) -> str:
+    """The ``out-i`` a step's result carries (itself, or a message's ``name``)."""
+    return out if isinstance(out, str) else str(out["name"])
 
 
 def busy_work(iters: int) -> None:
@@ -130,17 +139,17 @@ def memory_slot(i: int) -> str:
 
 def scalar_update(state: dict[str, Any], i: int, out: str) -> dict[str, Any]:
     """The constant-size fields after step i returned ``out``: counter, check flag, last output."""
-    ok = bool(state["ok"] and state["i"] == i and out == fake_llm(i))
-    return {"i": i + 1, "ok": ok, "last": out}
+    ok = bool(state["ok"] and state["i"] == i and out_name(out) == f"out-{i}")
+    return {"i": i + 1, "ok": ok, "last": out_name(out)}
 
 
 def advance(state: dict[str, Any], i: int, out: str) -> dict[str, Any]:
     """Apply step i's result to ``state`` in place (and return it)."""
     state.update(scalar_update(state, i, out))
     if "transcript" in state:
-        state["transcript"].append(transcript_entry(i, out))
+        state["transcript"].append(out)
     if "memory" in state:
-        state["memory"][memory_slot(i)] = transcript_entry(i, out)
+        state["memory"][memory_slot(i)] = out
     return state
 
 
@@ -190,7 +199,7 @@ def bare_per_step_s(n: int, regime: str, iters: int, effects_path: str | None = 
         t = time.perf_counter()
         for i in range(n):
             busy_work(iters)
-            out = fake_llm(i)
+            out = fake_llm(i, regime)
             if fd >= 0:
                 os.write(fd, b"%d\n" % i)
             state = advance(state, i, out)

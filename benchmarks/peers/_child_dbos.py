@@ -51,11 +51,11 @@ def _first_new_step_hook() -> None:
 
 
 @DBOS.step()
-def llm_step(i: int) -> str:
+def llm_step(i: int, regime: str) -> object:
     if i == N - 1:
         _first_new_step_hook()
     os.write(_fd, b"%d\n" % i)  # the step's side effect (counts executions)
-    return _agent.fake_llm(i)
+    return _agent.fake_llm(i, regime)
 
 
 @DBOS.workflow()
@@ -63,7 +63,7 @@ def agent_workflow(n: int, regime: str, iters: int) -> dict:
     state = _agent.initial_state(regime)
     for i in range(n):
         _agent.busy_work(iters)  # prompt building / parsing between steps
-        out = llm_step(i)
+        out = llm_step(i, regime)
         _agent.advance(state, i, out)
     return _agent.final_result(state, n)
 

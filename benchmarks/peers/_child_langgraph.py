@@ -25,7 +25,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import sqlite3  # noqa: E402
 import sys  # noqa: E402
-from typing import Annotated, TypedDict  # noqa: E402
+from typing import Any, Annotated, TypedDict  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _agent  # noqa: E402
@@ -80,11 +80,11 @@ def _first_new_step_hook() -> None:
         os._exit(0)
 
 
-def fake_llm_node(i: int) -> str:
+def fake_llm_node(i: int) -> Any:
     if i == N - 1:
         _first_new_step_hook()
     os.write(_fd, b"%d\n" % i)  # the step's side effect (counts executions)
-    return _agent.fake_llm(i)
+    return _agent.fake_llm(i, ARGS["regime"])
 
 
 def step(state: dict) -> dict:
@@ -93,9 +93,9 @@ def step(state: dict) -> dict:
     out = fake_llm_node(i)
     update = _agent.scalar_update(state, i, out)
     if "transcript" in state:
-        update["transcript"] = [_agent.transcript_entry(i, out)]
+        update["transcript"] = [out]
     if "memory" in state:
-        update["memory"] = {**state["memory"], _agent.memory_slot(i): _agent.transcript_entry(i, out)}
+        update["memory"] = {**state["memory"], _agent.memory_slot(i): out}
     return update
 
 

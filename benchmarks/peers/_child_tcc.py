@@ -75,7 +75,7 @@ def main() -> None:
             _agent.warm()  # the messages' text, read before timing (as an agent holds its prompts)
             _marks["t_begin"] = time.time()
             outcome = runtime.start(store, AGENT, [str(N), ARGS["regime"], str(ARGS["iters"])],
-                                    run_id="bench", strategy="continuation")
+                                    run_id="bench", strategy=ARGS.get("strategy", "continuation"))
             raise SystemExit(f"crash mode finished without the kill: {outcome}")
         outcome = runtime.resume(store, "bench")
     _marks["t_done"] = time.time()

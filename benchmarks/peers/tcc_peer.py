@@ -46,11 +46,13 @@ def _breakdown(rec: dict[str, Any]) -> dict[str, float]:
 
 def measure(n: int, *, regime: str = "const", work_ms: float = 0.0, repeats: int = 3,
             workdir: pathlib.Path, work_iters: int | None = None,
-            before_recover: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            before_recover: Callable[[dict[str, Any]], None] | None = None,
+            strategy: str = "continuation") -> dict[str, Any]:
     """Crash the tcc agent after n-1 steps ``repeats`` times and measure its recovery, as the
     other peers are measured.  Returns the dict described in ``benchmarks/peers/__init__.py``."""
     return _harness.run_peer(
         peer=PEER, version=version(), script=_CHILD, n=n, regime=regime, work_ms=work_ms,
         work_iters=work_iters, repeats=repeats, workdir=workdir, breakdown=_breakdown,
         notes=NOTES.format(version=version()), store="folder", before_recover=before_recover,
+        extra_args={"strategy": strategy},
     )

@@ -42,7 +42,7 @@ def test_agent_contract_final_result(regime: str) -> None:
     state = agent.initial_state(regime)
     for i in range(12):
         agent.busy_work(3)
-        agent.advance(state, i, agent.fake_llm(i))
+        agent.advance(state, i, agent.fake_llm(i, regime))  # grow, mutate: the call returns the message
     assert agent.final_result(state, 12) == independent_result(12)
     assert peers.expected_result(12) == independent_result(12)
     if regime == "grow":  # real text, not padding: prose replies, every third a tool output
@@ -62,7 +62,7 @@ def test_mutate_regime_detects_a_stale_slot() -> None:
     n = agent.MEMORY_SLOTS + 4
     state = agent.initial_state("mutate")
     for i in range(n):
-        agent.advance(state, i, agent.fake_llm(i))
+        agent.advance(state, i, agent.fake_llm(i, "mutate"))
     assert agent.final_result(state, n) == independent_result(n)
     state["memory"]["slot-1"] = agent.transcript_entry(1, "out-1")  # step 17 rewrote it
     assert agent.final_result(state, n)["digest"] == "MISMATCH"

@@ -529,7 +529,7 @@ def test_a_run_key_damaged_into_invalid_utf8_is_reported_not_a_crash(store_path:
     with open_store(store_path) as s:
         damaged: list[tuple[str, str]] = []
         assert [r.run_id for r in s.list_runs(damaged=damaged)] == ["cd"]
-        assert [rid for rid, _ in damaged] == ["a\ufffd"]
+        assert [rid for rid, _ in damaged] == ["a\\xf3"]  # the bytes, as in the message
         assert "run 'a\\\\xf3' record failed verification" in damaged[0][1]
         with pytest.raises(StoreCorruptError, match="record failed verification"):
             s.list_runs()

@@ -18,7 +18,7 @@ from ..errors import FencedError, StoreCorruptError, StoreError, UsageError
 from . import _inflight as inflight
 from ._api import FINAL_STATUSES, HOST, RUN_STATUSES, RunInfo
 from ._chunkrefs import apply_diff
-from ._codec import Corrupt, as_bytes, check_int, created_event, iter_prefix, seq_key, snap_rows, u64
+from ._codec import Corrupt, as_bytes, check_int, created_event, iter_prefix, seq_key, shown, snap_rows, u64
 from ._events import append_event
 from ._heads import HEAD, add_member, check_tally, indexed, put_index
 from ._runrecord import check_no_remains, fence, load_run, put_run, run_info
@@ -105,7 +105,7 @@ def list_runs(scope: Scope, status: str | None,
             except StoreCorruptError as exc:
                 if damaged is None:
                     raise
-                bad.append((rid.decode("utf-8", "replace"), str(exc)))
+                bad.append((shown(rid), str(exc)))
                 continue
             if status is None or info.status == status:
                 out.append(info)
