@@ -446,8 +446,6 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
     work in it and the system's start-up out of it, measured the same way for all.
     ``bare_step_s`` (the agent loop with no framework, measured once per size) is reported
     next to it.  The steady state (the last steps' median) is ``steady_state``'s business."""
-    from benchmarks.peers import _agent
-    from tcc import runtime
 
     peer_mods = installed_peers(lambda _msg: None)  # (peers() says why one is missing)
     if not peer_mods:  # tcc alone is the steady-state section's business
