@@ -273,8 +273,9 @@ def step_cost_table(raw: dict[str, Any]) -> list[str]:
                       else "—" for p in peers]
             lines.append(f"| {regime} | {n:,} | " + " | ".join(cells + ratios)
                          + f" | {at['tcc continuation']['bare_step_s'] * 1e6:.1f} |")
-    return lines + ["", "Mean step interval over the whole run of N steps (tcc in-process; each peer in "
-                    "its crash child, steps 0..N-2), the agent's own work included. Regimes: `const` "
+    return lines + ["", "Mean step over the whole run, (t_kill − t_begin) / (N − 1) in each system's crash "
+                    "child (tcc's too; steps 0..N-2), the agent's own work included and start-up "
+                    "excluded. Regimes: `const` "
                     "(a counter and the last output), `grow` (one chat message, ~1.7 KB of real prose or "
                     "source text, appended per step), `mutate` (a 16-message scratchpad, one slot "
                     "rewritten per step). LangGraph is not run on the growing transcript above "
