@@ -43,10 +43,25 @@ def segment_unchanged(lst: list[Any], start: int, items: tuple[Any, ...],
     """Whether ``lst[start:start+len(items)]`` holds exactly ``items``, each dict among them
     still at its recorded version and held by nothing but the list and ``items``."""
 
+def dict_watch(items: tuple[Any, ...], token: bytearray, /) -> bool:
+    """Watch each exact dict among ``items`` (3.12+): any change sets ``token[0]``.  False
+    (nothing watched) where the interpreter has no dict watchers."""
+
+def dict_unwatch(items: tuple[Any, ...], token: Any, /) -> None:
+    """Stop watching the dicts among ``items`` that ``token`` watches."""
+
+def watch_token(d: Any, /) -> bytearray | None:
+    """The token of the segment watching dict ``d``, if any."""
+
+def watch_failures() -> int:
+    """How many dict changes could not be told to their segment (out of memory)."""
+
 class SegmentHook:
     """A pickler's ``persistent_id`` that costs one C call per object: None, unless the
-    object is an exact list of at least ``min_items`` items or (``min_bytes`` > 0) an exact
-    ``bytes`` or ``bytearray`` of at least ``min_bytes`` bytes, which go to ``callback``."""
+    object is an exact list of at least ``min_items`` items, (``min_bytes`` > 0) an exact
+    ``bytes`` or ``bytearray`` of at least ``min_bytes`` bytes, or (``watched_dicts``) an
+    exact dict a segment watches, which go to ``callback``."""
 
-    def __init__(self, callback: Any, min_items: int, min_bytes: int = 0) -> None: ...
+    def __init__(self, callback: Any, min_items: int, min_bytes: int = 0,
+                 watched_dicts: bool = False) -> None: ...
     def __call__(self, obj: Any, /) -> Any: ...

@@ -170,6 +170,9 @@ _ops = st.lists(st.one_of(
     st.tuples(st.just("alias")),
     st.tuples(st.just("truncate"), st.integers(0, 40)),
     st.tuples(st.just("poke"), st.integers(0, 10**6), st.integers(0, 255)),
+    st.tuples(st.just("list_last")),
+    st.tuples(st.just("copy_list")),
+    st.tuples(st.just("drop_copy")),
 ), max_size=40)
 
 
@@ -203,14 +206,23 @@ def _apply(state, op):
         del t[op[1]:]
     elif kind == "poke" and t and isinstance(t[op[1] % len(t)], bytearray):
         t[op[1] % len(t)][0] = op[2]  # a value out of band changed in place
+    elif kind == "list_last":  # the list is pickled after what else holds its items
+        state["t"] = state.pop("t")
+    elif kind == "copy_list":  # a second long list holding the same items
+        state["u"] = list(t)
+    elif kind == "drop_copy":
+        state.pop("u", None)
 
 
 def _shape(state):
     """Which references in the state are the same object (what equality cannot see)."""
     t = state["t"]
     held = state.get("held")
+    copy_ = state.get("u")
     return (state.get("again") is t if "again" in state else None,
-            [i for i, x in enumerate(t) if x is held] if held is not None and not isinstance(held, (str, int, float, bytes, bool, tuple)) else None)
+            [i for i, x in enumerate(t) if x is held] if held is not None and not isinstance(held, (str, int, float, bytes, bool, tuple)) else None,
+            [i for i, (x, y) in enumerate(zip(copy_, t)) if x is y and type(x) in (dict, list, bytearray)]
+            if copy_ is not None else None)
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -365,3 +377,93 @@ def test_the_tail_of_a_list_is_not_remembered_as_a_list_of_its_own():
         transcript.append({"role": "user", "content": "more"})
         assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
     assert len(cache._lists) == 1
+
+
+# ------------------------------------------------ 3.12+: segments watch their dicts
+
+_WATCHING = sys.version_info >= (3, 12)
+
+
+def test_a_message_held_elsewhere_and_pickled_before_the_list_keeps_its_identity():
+    """The holder comes first in the stream, after the segment was recorded: on 3.12+ the
+    dump sees the watched dict, refuses its segment and is made again."""
+    cache = SegmentCache()
+    transcript = _messages(600)
+    _dump({"t": transcript}, cache)
+    written = cache.written
+    state = {"held": transcript[300], "t": transcript}
+    restored = _load(_dump(state, cache))
+    assert restored == state and restored["held"] is restored["t"][300]
+    assert cache.written == written  # segment 1 held a shared dict: pickled with the rest
+    del state["held"]  # no longer shared: recorded as a segment again
+    restored = _load(_dump(state, cache))
+    assert restored == state and cache.written == written + 1
+
+
+def test_a_message_in_two_long_lists_keeps_its_identity():
+    cache = SegmentCache()
+    a = _messages(600)
+    _dump({"a": a}, cache)
+    b = _messages(600, 600)
+    b[10] = a[10]  # now in both lists
+    for state in ({"a": a, "b": b}, {"b": b, "a": a}):
+        restored = _load(_dump(state, cache))
+        assert restored == state and restored["a"][10] is restored["b"][10]
+
+
+@pytest.mark.skipif(not _WATCHING, reason="dict watchers are 3.12+")
+def test_a_segment_watches_its_dicts_and_stops_when_dropped():
+    from tcc._native import watch_token
+
+    cache = SegmentCache()
+    transcript = _messages(600)
+    _dump({"t": transcript}, cache)
+    token = watch_token(transcript[5])
+    assert isinstance(token, bytearray) and token == b"\0"
+    assert watch_token(transcript[300]) is not token  # another segment, another token
+    assert watch_token(transcript[599]) is None  # the tail is not watched
+    transcript[5]["content"] = "edited"  # the watcher marks the segment at once
+    assert token == b"\1"
+    assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
+    assert watch_token(transcript[5]) is not token and watch_token(transcript[5]) == b"\0"
+    del transcript[:]  # every segment dropped: nothing watched any more
+    _dump({"t": transcript}, cache)
+    assert watch_token(_messages(1)[0]) is None
+
+
+@pytest.mark.skipif(not _WATCHING, reason="dict watchers are 3.12+")
+def test_a_snapshot_does_not_read_the_dicts_of_unchanged_segments():
+    """The point of watching: unchanged segments are reused from pointers and tokens
+    alone, so their versions are not kept (nothing to compare item by item)."""
+    cache = SegmentCache()
+    transcript = _messages(1024)
+    _dump({"t": transcript}, cache)
+    (_, segments), = cache._lists.values()
+    assert all(seg.token is not None and set(seg.versions) == {None} for seg in segments)
+    transcript.append({"role": "user", "content": "more"})
+    reused = cache.reused
+    assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
+    assert cache.reused == reused + 4
+
+
+def test_the_watch_functions_refuse_bad_input_without_crashing():
+    from tcc import _native
+
+    with pytest.raises(TypeError):
+        _native.dict_watch([{}], bytearray(1))
+    with pytest.raises(TypeError):
+        _native.dict_watch(({},), b"\0")
+    with pytest.raises(ValueError):
+        _native.dict_watch(({},), bytearray())
+    with pytest.raises(TypeError):
+        _native.dict_unwatch([{}], None)
+    assert _native.watch_token(42) is None and _native.watch_token({}) is None
+    assert isinstance(_native.watch_failures(), int)
+    items, token = ({"k": 1}, "not a dict", 3), bytearray(1)
+    assert _native.dict_watch(items, token) is _WATCHING
+    _native.dict_unwatch(items, bytearray(1))  # another token: leaves the watch in place
+    assert (_native.watch_token(items[0]) is token) is _WATCHING
+    _native.dict_unwatch(items, token)
+    assert _native.watch_token(items[0]) is None
+    items[0]["k"] = 2
+    assert token == b"\0"

@@ -63,19 +63,28 @@ def dump_stored(obj: Any, *, segments: Any = None) -> bytes | tuple[bytes | memo
 _STORED_HEADER = _blob.stored_header()
 
 
-def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes | memoryview, ...]:
-    buf = io.BytesIO()
-    buf.write(prefix)
-    try:
-        with _deep_recursion():
-            pickler = _new_pickler(buf, segments)
-            pickler.dump(obj)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
-        from . import _diagnose
+# A dump that reused a segment whose dict it also met elsewhere is made again (see
+# ``_segments.Dump.conflicts``); after this many, once more without segments.
+_SEGMENT_ATTEMPTS = 3
 
-        with _deep_recursion():
-            message = _diagnose.explain(obj, exc, _new_pickler)
-        raise errors.CaptureError(message) from exc
+
+def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes | memoryview, ...]:
+    for attempt in range(_SEGMENT_ATTEMPTS + 1):
+        buf = io.BytesIO()
+        buf.write(prefix)
+        try:
+            with _deep_recursion():
+                pickler = _new_pickler(buf, segments if attempt < _SEGMENT_ATTEMPTS else None)
+                pickler.dump(obj)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
+            from . import _diagnose
+
+            with _deep_recursion():
+                message = _diagnose.explain(obj, exc, _new_pickler)
+            raise errors.CaptureError(message) from exc
+        dump = pickler.segment_dump
+        if dump is None or not dump.conflicts():
+            break
     buffers = pickler.out_of_band
     if not buffers:
         return buf.getvalue()

@@ -261,6 +261,7 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     out of band, into :attr:`out_of_band` (see ``_framed``)."""
 
     out_of_band: list[Any] | None = None
+    segment_dump: Any = None  # the segments' Dump (tcc.capture._segments), if any
 
     def __init__(self, file: Any, protocol: int | None = None, *, segments: Any = None) -> None:
         if segments is None:
@@ -272,6 +273,7 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         super().__init__(file, protocol=protocol, buffer_callback=dump.buffer)
         self.persistent_id = dump.hook()
         self.out_of_band = dump.buffers
+        self.segment_dump = dump
 
     def dump(self, obj: Any) -> Any:
         """Pickle ``obj``; on a helper thread with a large enough stack if this thread's

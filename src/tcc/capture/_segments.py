@@ -18,12 +18,24 @@ without reading any item's contents (``tcc._native.segment_unchanged``):
 * the list holds the same item objects at those positions (the cache keeps them
   alive, so an address cannot be reused by another object);
 * each item is immutable -- ``str``, ``bytes``, numbers, ``bool``, ``None``, or
-  tuples of those -- or an exact ``dict`` of ``str`` keys and such values whose
-  version tag (PEP 509; every change gives a dict a new, globally unique one) has not
-  moved;
+  tuples of those -- or an exact ``dict`` of ``str`` keys and such values that has
+  not changed since the segment was recorded;
 * nothing but the list (and the cache) holds such a dict: a dict that is also a local,
   or in another list, would be rebuilt as a copy, so its segment is pickled normally
   with the rest of the state, where the pickler's memo keeps the sharing.
+
+How "not changed" and "held by nothing else" are known depends on the interpreter:
+
+* **3.11** reads each dict at every snapshot: its version tag (PEP 509; every change
+  gives a dict a new, globally unique one) and its reference count (2: the list and
+  the cache).  That touches every item of a long list, one cache miss each.
+* **3.12 and later** watch the segment's dicts (``PyDict_Watch``): the first change of
+  any of them marks the segment's token, and a snapshot only compares the list's item
+  pointers.  Sharing does not show in a watcher, so the pickler's ``persistent_id``
+  also reports every watched dict it meets elsewhere in the state (one C test per
+  dict), and a dump in which a dict of a reused segment was also pickled outside it is
+  done again with that segment dropped (:meth:`Dump.conflicts`); the segment is then
+  recorded anew only if the dict is no longer shared (its reference count).
 
 Anything else -- a list of objects, of lists, of dicts holding lists, a list shorter
 than ``2 * SEGMENT`` -- is pickled as before.  The one difference a program could see:
@@ -67,12 +79,26 @@ def _version(item: Any) -> Any:
 
 
 class _Segment:
-    __slots__ = ("items", "versions", "blob")
+    __slots__ = ("items", "versions", "blob", "token", "failures")
 
-    def __init__(self, items: tuple[Any, ...], versions: tuple[Any, ...], blob: bytes) -> None:
+    def __init__(self, items: tuple[Any, ...], versions: tuple[Any, ...], blob: bytes,
+                 token: bytearray | None = None, failures: int = 0) -> None:
         self.items = items
-        self.versions = versions
+        self.versions = versions  # what segment_unchanged checks: None for a watched dict
         self.blob = blob
+        self.token = token  # watched dicts (3.12+): token[0] is set by their first change
+        self.failures = failures  # native().watch_failures() when it was recorded
+
+    def clean(self, failures: int) -> bool:
+        """Whether no watched dict of the segment has changed (after the pointer test)."""
+        token = self.token
+        return token is None or (not token[0] and failures == self.failures)
+
+    def release(self) -> None:
+        """Stop watching the segment's dicts (it is being dropped)."""
+        if self.token is not None:
+            native().dict_unwatch(self.items, self.token)
+            self.token = None
 
 
 _EMPTY = _Segment((), (), b"")
@@ -90,39 +116,59 @@ class SegmentCache:
 
     def _record(self, lst: list[Any], start: int) -> _Segment | None:
         items = tuple(lst[start:start + SEGMENT])
+        nat = native()
+        token: bytearray | None = None
+        failures = 0
+        if any(type(item) is dict for item in items):
+            # watched before it is read (3.12+): a change from here on marks the token
+            token, failures = bytearray(1), nat.watch_failures()
+            if not nat.dict_watch(items, token):  # 3.11, or no watcher slot left
+                token = None
         versions = tuple(_version(item) for item in items)
-        if any(v is _INELIGIBLE for v in versions):
-            return None
-        # the same test a later checkpoint applies: in particular, no dict among the
+        # the test a later checkpoint applies on 3.11: in particular, no dict among the
         # items is held by anything but the list and ``items``
-        if not native().segment_unchanged(lst, start, items, versions):
+        if any(v is _INELIGIBLE for v in versions) \
+                or not nat.segment_unchanged(lst, start, items, versions):
+            if token is not None:
+                nat.dict_unwatch(items, token)
+            return None
+        if token is not None:
+            versions = (None,) * len(items)  # later: compare pointers, read the token
+        segment = _Segment(items, versions, pickle.dumps(list(items), protocol=5), token, failures)
+        if not segment.clean(failures):  # changed while it was read (another thread)
+            segment.release()
             return None
         self.written += 1
-        return _Segment(items, versions, pickle.dumps(list(items), protocol=5))
+        return segment
 
-    def _reduce(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any]] | None:
+    def _reduce(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any], list[bytearray]] | None:
         if len(lst) < MIN_ITEMS:
             return None
         with self._lock:  # one cache may serve dumps on several threads
             return self._reduce_locked(lst)
 
-    def _reduce_locked(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any]] | None:
+    def _reduce_locked(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any], list[bytearray]] | None:
+        nat = native()
         entry = self._lists.pop(id(lst), None)
-        segments = entry[1] if entry is not None and entry[0] is lst else []
+        if entry is not None and entry[0] is not lst:  # another list at a reused address
+            _release_all(entry[1])
+            entry = None
+        segments = entry[1] if entry is not None else []
         self._lists[id(lst)] = (lst, segments)  # most recently used last
         while len(self._lists) > MAX_LISTS:
-            del self._lists[next(iter(self._lists))]
-        check = native().segment_unchanged
+            _release_all(self._lists.pop(next(iter(self._lists)))[1])
+        check, failures = nat.segment_unchanged, nat.watch_failures()
         for k in range(len(lst) // SEGMENT):
             start = k * SEGMENT
             if k < len(segments):
                 seg = segments[k]
-                if check(lst, start, seg.items, seg.versions):
+                if check(lst, start, seg.items, seg.versions) and seg.clean(failures):
                     self.reused += 1
                     continue
                 # changed: drop it (and this reference to its items, or the dicts among them
                 # would seem held elsewhere while the segment is recorded again)
                 segments[k] = _EMPTY
+                seg.release()
                 del seg
             new = self._record(lst, start)
             if new is None:
@@ -133,10 +179,31 @@ class SegmentCache:
                 segments.append(new)
         else:
             k = len(lst) // SEGMENT
+        _release_all(segments[k:])
         del segments[k:]
         if not segments:
             return None
-        return tuple(s.blob for s in segments), lst[k * SEGMENT:]
+        tokens = [s.token for s in segments if s.token is not None]
+        return tuple(s.blob for s in segments), lst[k * SEGMENT:], tokens
+
+    def close(self) -> None:
+        """Forget every list (and stop watching their dicts)."""
+        with self._lock:
+            for _, segments in self._lists.values():
+                _release_all(segments)
+            self._lists.clear()
+
+    def __del__(self) -> None:
+        try:
+            for _, segments in self._lists.values():
+                _release_all(segments)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to watch
+            pass
+
+
+def _release_all(segments: list[_Segment]) -> None:
+    for seg in segments:
+        seg.release()
 
 
 class Dump:
@@ -152,15 +219,32 @@ class Dump:
         self.pids: dict[int, tuple[Any, Any]] = {}
         self.buffers: list[bytes | memoryview] = []
         self._blobs: set[int] = set()  # ids of the segment pickles in this dump's ids
+        self._reused: dict[int, bytearray] = {}  # tokens of the segments this dump reused
+        self._met: dict[int, bytearray] = {}  # tokens of the watched dicts pickled outside them
 
     def hook(self) -> Any:
         """The pickler's ``persistent_id`` (not kept here: a cycle would keep this dump's
         lists, and the dicts in them, alive past the dump, until a collection)."""
-        return native().SegmentHook(self.pid, MIN_ITEMS, MIN_BYTES)
+        return native().SegmentHook(self.pid, MIN_ITEMS, MIN_BYTES, True)
+
+    def conflicts(self) -> bool:
+        """Whether a dict of a segment this dump reused was also pickled outside it (so the
+        dump would restore it as two objects), or changed, or was taken over by another
+        segment, while the dump went on.  Marks those segments changed: the dump must be
+        made again, and they are then recorded anew only if nothing else holds them."""
+        clash = [t for k, t in self._met.items() if k in self._reused]
+        for token in clash:
+            token[0] = 1
+        return any(t[0] for t in self._reused.values())
 
     def pid(self, obj: Any) -> Any:
         """The persistent id that stands for ``obj`` in this dump, or None: pickle it as
         usual.  The tail in an id (``lst[k * SEGMENT:]``, a new list) is never cut again."""
+        if type(obj) is dict:  # a dict some segment watches, met in the stream
+            token = native().watch_token(obj)
+            if token is not None:
+                self._met[id(token)] = token
+            return None
         known = self.pids.get(id(obj))
         if known is not None:
             return known[1]
@@ -170,7 +254,8 @@ class Dump:
             if reduced is None:
                 pid = None
             else:
-                blobs, tail = reduced
+                blobs, tail, tokens = reduced
+                self._reused.update((id(t), t) for t in tokens)
                 self._blobs.update(id(b) for b in blobs)
                 pid = (SEGMENTS_PID, tuple(pickle.PickleBuffer(b) for b in blobs), tail)
                 self.pids[id(tail)] = (tail, None)
