@@ -467,3 +467,16 @@ def test_the_watch_functions_refuse_bad_input_without_crashing():
     assert _native.watch_token(items[0]) is None
     items[0]["k"] = 2
     assert token == b"\0"
+
+
+def test_a_segment_dropped_during_the_dump_that_reused_it_keeps_the_sharing():
+    """Found by review: more long lists than the cache remembers evict the first one's
+    segments in the middle of the dump that reused them; their dicts were unwatched
+    without the dump hearing of it, so a message also held elsewhere came back twice."""
+    cache = SegmentCache()
+    first = _messages(600)
+    _dump({"a": first}, cache)
+    others = [[f"s{j}-{i}" for i in range(512)] for j in range(_segments.MAX_LISTS)]
+    state = {"a": first, "others": others, "x": first[5]}
+    restored = _load(_dump(state, cache))
+    assert restored == state and restored["x"] is restored["a"][5]

@@ -95,9 +95,13 @@ class _Segment:
         return token is None or (not token[0] and failures == self.failures)
 
     def release(self) -> None:
-        """Stop watching the segment's dicts (it is being dropped)."""
-        if self.token is not None:
-            native().dict_unwatch(self.items, self.token)
+        """Stop watching the segment's dicts (it is being dropped).  The token is marked
+        first: a dump still going on that reused the segment can no longer be told of a
+        change or a sharing of its dicts, so it must be made again."""
+        token = self.token
+        if token is not None:
+            token[0] = 1
+            native().dict_unwatch(self.items, token)
             self.token = None
 
 
