@@ -85,3 +85,43 @@ def test_interleaved_tasks_sharing_state_survive_joint_capture(schedule, cuts):
         return shared
 
     assert run(True) == run(False)
+
+
+_ATOM = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+         | st.binary(max_size=20) | st.complex_numbers(allow_nan=False))
+_DATA = st.recursive(_ATOM, lambda inner: st.lists(inner, max_size=6) | st.tuples(inner, inner)
+                     | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=6),
+                     max_leaves=80)
+
+
+@given(_DATA)
+def test_plain_payloads_are_the_bytes_the_pickler_writes(obj):
+    """Effect arguments and results that are small plain data skip tcc's pickler (and
+    importing it) and take ``pickle.dumps``: the bytes must be the pickler's own, so that
+    nothing that reads or compares payloads can tell the two paths apart."""
+    import io
+
+    from tcc.capture import _api
+    from tcc.capture._pickler import Pickler
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=_api.PROTOCOL).dump(obj)
+    assert _api.dump_payload(obj) == buf.getvalue()
+    assert tcc.loads(tcc.dumps(obj)) == obj or obj != obj
+
+
+def test_large_or_unusual_payloads_take_the_pickler():
+    from tcc.capture import _api
+
+    shared: list[Any] = [1]
+    loop: list[Any] = []
+    loop.append(loop)
+
+    class Str(str):
+        pass
+
+    assert _api._plain(((1, "a"), {"k": [shared, shared]}))
+    assert not _api._plain(list(range(_api._PLAIN_ITEMS + 1)))  # the walk is bounded
+    assert not _api._plain(loop)  # and ends on cycles
+    assert not _api._plain([Str("x")])  # a subclass may have its own reduction
+    assert not _api._plain({1, 2})  # sets are not walked: the pickler takes them

@@ -112,6 +112,33 @@ def test_resume_reaches_its_first_new_effect_without_the_pickler(tmp_path):
     assert loaded.isdisjoint(_HEAVY), sorted(loaded.intersection(_HEAVY))
 
 
+# What a run whose effects are plain ``def`` functions never needs before its first new
+# effect: asyncio (and with it ssl, socket, subprocess, concurrent.futures, logging: ~40 ms),
+# the pickler, and the run views of `tcc show` (datetime).
+_NOT_FOR_SYNC = _HEAVY + ("asyncio", "ssl", "socket", "subprocess", "concurrent.futures", "logging",
+                          "datetime", "tcc.runtime._views", "tcc.runtime._fork")
+
+
+def test_a_run_of_sync_effects_resumes_without_asyncio(tmp_path):
+    """The drive makes its event loop when an async effect, a timeout or a gather first
+    needs one: a run of plain ``def`` effects is resumed, re-issues its in-flight call and
+    finishes without importing asyncio."""
+    script = tmp_path / "agent.py"
+    script.write_text(_AGENT.replace("async def step(i):", "def step(i):"))
+    mark = tmp_path / "mark"
+    env = {**__import__("os").environ, "TCC_STORE": str(tmp_path / "store"), "MARK": str(mark)}
+    first = subprocess.run([sys.executable, "-m", "tcc", "run", "--run-id", "r", str(script)],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -9, first.stderr  # killed inside step 1
+    second = subprocess.run([sys.executable, "-m", "tcc", "resume", "--json", "r"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["result"] == 30
+    loaded = set(json.loads(mark.read_text()))
+    assert "tcc.runtime._driver" in loaded and "tcc.store._lmdb" in loaded
+    assert loaded.isdisjoint(_NOT_FOR_SYNC), sorted(loaded.intersection(_NOT_FOR_SYNC))
+
+
 def test_reading_commands_import_no_pickler(tmp_path):
     """`tcc ls` and `tcc show` read runs; they never pickle, so they never import the pickler."""
     store = tmp_path / "store"

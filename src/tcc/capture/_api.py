@@ -40,8 +40,41 @@ def _new_pickler(buf: io.BytesIO, segments: Any = None) -> Pickler:
     return Pickler(buf, protocol=PROTOCOL, segments=segments)
 
 
+# Plain data: what tcc's pickler writes exactly as pickle does (the C pickler handles these
+# exact types itself, before any reducer_override or dispatch table is asked).
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
+_PLAIN_ITEMS = 64  # a payload with more items takes tcc's pickler: the walk is not free
+
+
+def _plain(obj: Any) -> bool:
+    """Is ``obj`` small plain data: atoms in exact tuples, lists and dicts (at most
+    :data:`_PLAIN_ITEMS` items, no deeper than that)?"""
+    todo = [obj]
+    seen = 0
+    while todo:
+        seen += 1
+        if seen > _PLAIN_ITEMS:
+            return False
+        item = todo.pop()
+        t = type(item)
+        if t in _ATOMS:
+            continue
+        if (t is not tuple and t is not list and t is not dict) or len(item) > _PLAIN_ITEMS:
+            return False
+        if t is dict:
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        else:
+            todo.extend(item)
+    return True
+
+
 def dump_payload(obj: Any) -> bytes:
     """Pickle ``obj`` (uncompressed, no envelope). Raises CaptureError."""
+    if _plain(obj):
+        # the same bytes tcc's pickler writes, without importing it (cloudpickle and
+        # logging: ~10 ms of a `tcc resume` whose first effect takes plain arguments)
+        return pickle.dumps(obj, protocol=PROTOCOL)
     payload = _dump(obj, b"")
     assert isinstance(payload, bytes)  # nothing goes out of band without a segment cache
     return payload

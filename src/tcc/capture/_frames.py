@@ -13,7 +13,7 @@ from typing import Any
 from .. import errors
 
 import os
-import platform
+import sys
 
 _IMPORT_ERROR: str | None = None
 _native_mod: Any  # tcc._native (types in _native.pyi), or None where it is unavailable
@@ -27,10 +27,13 @@ except ImportError as exc:  # exercised with TCC_DISABLE_NATIVE=1
 else:
     # Internal frame layouts may change in a patch release: a module built
     # for another exact version is not trusted with frame memory.
-    if _native_mod.BUILT_FOR != platform.python_version():
+    # sys.version starts with the running interpreter's PY_VERSION, which the module
+    # recorded as BUILT_FOR (platform.python_version() reads the same; not imported here)
+    _running = sys.version.split()[0]
+    if _native_mod.BUILT_FOR != _running:
         _IMPORT_ERROR = (
             f"tcc._native was built for Python {_native_mod.BUILT_FOR}, "
-            f"this is {platform.python_version()}; reinstall tcc"
+            f"this is {_running}; reinstall tcc"
         )
         _native_mod = None
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextvars
 import io
-import socket
 import sys
 import threading
 import types
@@ -108,7 +107,8 @@ class _StreamOr:
 def _refusal_for(t: type) -> _Refusal | None:
     if _is_file_type(t):
         return _FILE_REFUSAL
-    if issubclass(t, socket.socket):
+    sockets = sys.modules.get("_socket")  # no socket exists before it is imported
+    if sockets is not None and issubclass(t, sockets.socket):
         return _Refusal("sockets cannot be captured; reconnect after restore")
     if issubclass(t, types.AsyncGeneratorType):
         return _Refusal("async generators cannot be captured yet; use a class-based async iterator")

@@ -16,8 +16,14 @@ import sys
 from typing import Any, Callable
 
 from ..runtime import SLEEP_EFFECT, WAIT_EFFECT, traceback_lines
-from ..runtime import when as _when
 from ..store import FINAL_STATUSES, FINISHED_STATUSES, RunInfo
+
+
+def _when(ts: float) -> str:
+    from ..runtime import when  # the run views (datetime): not imported by every `tcc resume`
+
+    return when(ts)
+
 
 FAILED_OUTCOMES = frozenset(FINISHED_STATUSES) - frozenset(FINAL_STATUSES)  # exit 1: failed, unverified
 SHOWN_CALLS = 50  # the text of `tcc show` lists the last this many calls (--calls N, --all-calls)

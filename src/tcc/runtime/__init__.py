@@ -24,14 +24,6 @@ from ._runs import reusable_run as reusable_run
 from ._runs import send_signal as send_signal
 from ._runs import start as start
 from ._runs import submit as submit
-from ._views import RunDetail as RunDetail
-from ._views import SnapshotView as SnapshotView
-from ._views import code_state as code_state
-from ._views import run_detail as run_detail
-from ._views import snapshot_state as snapshot_state
-from ._views import owner_alive as owner_alive
-from ._views import when as when
-from ._fork import fork as fork
 from ._worker import Worker as Worker
 from ._worker import pending_waits as pending_waits
 from ._worker import start_resume as start_resume
@@ -64,6 +56,14 @@ from ._agent_errors import unsupported_await as unsupported_await
 from ._trace import flush_tracing as flush_tracing
 
 if _typing.TYPE_CHECKING:
+    from ._views import RunDetail as RunDetail
+    from ._views import SnapshotView as SnapshotView
+    from ._views import code_state as code_state
+    from ._views import run_detail as run_detail
+    from ._views import snapshot_state as snapshot_state
+    from ._views import owner_alive as owner_alive
+    from ._views import when as when
+    from ._fork import fork as fork
     from ._sync import GreenletTask as GreenletTask
     from ._upgrade import Plan as UpgradePlan
     from ._upgrade import upgrade as upgrade
@@ -144,6 +144,9 @@ __all__ = [
 
 _TRANSFER_NAMES = ("TRANSFER_KEY_ENV", "Exported", "Imported", "export_run", "import_run",
                    "make_transfer_key", "read_transfer_key")
+# what `tcc show`, `tcc fork` and the dashboard use, and a `tcc resume` does not
+_VIEW_NAMES = ("RunDetail", "SnapshotView", "code_state", "run_detail", "snapshot_state",
+               "owner_alive", "when")
 
 
 def __getattr__(name: str) -> object:
@@ -162,4 +165,12 @@ def __getattr__(name: str) -> object:
         from . import _transfer
 
         return getattr(_transfer, name)
+    if name in _VIEW_NAMES:
+        from . import _views
+
+        return getattr(_views, name)
+    if name == "fork":
+        from ._fork import fork
+
+        return fork
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,8 +2,10 @@
 
 Each attempt is journaled as an intent before it starts; its outcome becomes a
 completion that the caller commits (with a snapshot, usually).  Async effects run on
-the event loop the driver owns; sync ones are called directly when they have no timeout
-and are not part of a ``tcc.gather``, else in a daemon thread of their own.
+an event loop the drive owns, made when the first one needs it
+(:meth:`Attempts.event_loop`); sync ones are called directly when they have no timeout
+and are not part of a ``tcc.gather``, else in a daemon thread of their own.  A run of
+sync effects thus never imports asyncio (~40 ms of a `tcc resume`).
 
 A sync attempt that times out cannot be stopped: it fails with TimeoutError at once and
 its thread runs on to the end, a *stuck thread*.  Until it has ended, no other attempt
@@ -15,13 +17,14 @@ waits (the threads die with the process).
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import functools
+import inspect
+import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import errors
 from ..capture import load_payload
@@ -32,6 +35,9 @@ from ._lease import Lease
 from ._parking import STOP, Parked
 from ._state import Resumption
 from ._trace import Tracer
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +77,15 @@ def _stop_iteration(exc: StopIteration) -> RuntimeError:
     return RuntimeError(f"effect raised StopIteration: {exc}")
 
 
+def is_async(fn: Callable[..., Any]) -> bool:
+    """``asyncio.iscoroutinefunction(fn)``, without importing asyncio: the marker it also
+    accepts can only be on ``fn`` if asyncio was imported."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    aio = sys.modules.get("asyncio")
+    return aio is not None and bool(aio.iscoroutinefunction(fn))
+
+
 def _in_thread(call: Callable[[], Any], name: str) -> asyncio.Future[Any]:
     """Run ``call`` in a new daemon thread; its outcome resolves the returned future.
 
@@ -81,6 +96,8 @@ def _in_thread(call: Callable[[], Any], name: str) -> asyncio.Future[Any]:
     :meth:`Attempts.drain_stuck_threads`) and stops waiting on SIGTERM; a daemon
     thread is then abandoned at exit (its late outcome was discarded anyway).
     """
+    import asyncio
+
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
@@ -120,10 +137,30 @@ class Attempts:
         self.epoch = epoch
         self.tracer = tracer
         self.lease = lease
-        self.loop: asyncio.AbstractEventLoop | None = None  # the drive's loop, while it runs
+        self.loop: asyncio.AbstractEventLoop | None = None  # the drive's loop, once made
         self.last_effect = ""  # the effect of the newest attempt (for progress lines)
         # The threads of timed-out sync attempts that still run, by effect name.
         self._stuck: dict[str, set[asyncio.Future[Any]]] = {}
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The drive's event loop, made on first use (an async effect, a timeout, a
+        ``tcc.gather``, an async ``verify``)."""
+        if self.loop is None:
+            import asyncio
+
+            self.loop = asyncio.new_event_loop()
+        return self.loop
+
+    def close_loop(self) -> None:
+        """The drive ended: wait for its stuck threads (see :meth:`drain_stuck_threads`),
+        then close its loop, if it made one (stuck threads need one)."""
+        loop, self.loop = self.loop, None
+        if loop is not None:
+            try:
+                loop.run_until_complete(self.drain_stuck_threads())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
 
     def run_attempts(
         self,
@@ -241,10 +278,9 @@ class Attempts:
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         effect: Effect, key: str, attempt: int,
     ) -> Any:
-        assert self.loop is not None
-        if effect.timeout is None and not asyncio.iscoroutinefunction(fn):
+        if effect.timeout is None and not is_async(fn):
             return self._run_inline(fn, args, kwargs, effect, key, attempt)
-        return self.loop.run_until_complete(self.invoke(effect, args, kwargs, key, attempt, fn))
+        return self.event_loop().run_until_complete(self.invoke(effect, args, kwargs, key, attempt, fn))
 
     def _run_inline(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -275,10 +311,12 @@ class Attempts:
         once, and the thread becomes a stuck thread of the effect (see the module's
         docstring).  SIGTERM while waiting for such a thread stops the run (resumable).
         """
+        import asyncio
+
         fn = fn or effect.fn
         token = set_current(Current(self.run_id, effect.name, key, attempt))
         try:
-            if asyncio.iscoroutinefunction(fn):
+            if is_async(fn):
                 if effect.timeout is None:
                     return await fn(*args, **kwargs)
                 deadline = asyncio.timeout(effect.timeout)
@@ -313,8 +351,7 @@ class Attempts:
         shows an attempt as started while an earlier one still runs.
         """
         if self._stuck.get(effect.name):
-            assert self.loop is not None
-            self.loop.run_until_complete(self._stuck_threads_ended(effect.name))
+            self.event_loop().run_until_complete(self._stuck_threads_ended(effect.name))
 
     async def _stuck_threads_ended(self, name: str) -> None:
         """Until no timed-out attempt of effect ``name`` is still running in its thread.
@@ -324,6 +361,8 @@ class Attempts:
         call has not started; a gathered call's open intent is in doubt on
         resume, as after a crash).
         """
+        import asyncio
+
         while self._stuck.get(name):
             if STOP.is_set():
                 raise Parked("stopped", {"reason": "SIGTERM"})
@@ -341,6 +380,8 @@ class Attempts:
         (``--steal``) ends the wait with FencedError, since the run is no longer this
         process's to guard (nor to report as parked).
         """
+        import asyncio
+
         while any(self._stuck.values()) and not STOP.is_set():
             await asyncio.wait(set().union(*self._stuck.values()), timeout=0.5)
             if owned:

@@ -33,7 +33,6 @@ This module is the stepping loop, parking, snapshots and the end of a run.  The 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import os
@@ -169,7 +168,6 @@ class Driver:
         self.replay = Replay(self.run_id, replay)
         replaying = bool(self.replay)
         self.claim.start_heartbeat()
-        loop = self.attempts.loop = asyncio.new_event_loop()
         segment = self.tracer.run({"tcc.resumed": bool(calls), "tcc.replaying": replaying})
         segment.__enter__()
         try:
@@ -215,9 +213,7 @@ class Driver:
             if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                 coro.close()  # never started: closing runs no user code
             self.claim.stop_heartbeat()
-            loop.run_until_complete(self.attempts.drain_stuck_threads())
-            loop.run_until_complete(loop.shutdown_default_executor())
-            loop.close()
+            self.attempts.close_loop()
             self.claim.join_heartbeat(timeout=5)
 
     def _exited(self, exc: SystemExit, who: str) -> Outcome:
@@ -292,8 +288,8 @@ class Driver:
         # heartbeat keeps the lease meanwhile, for as long as such a call runs.  On SIGTERM
         # they are abandoned (their daemon threads die when this process exits); a cancel
         # or a takeover (--steal) ends the wait with FencedError, as anywhere else.
-        assert self.attempts.loop is not None
-        self.attempts.loop.run_until_complete(self.attempts.drain_stuck_threads(owned=True))
+        if self.attempts.loop is not None:  # stuck threads need one
+            self.attempts.loop.run_until_complete(self.attempts.drain_stuck_threads(owned=True))
         self.claim.release()  # anyone may resume it now
         return Outcome(self.run_id, parked.status, None, None, self.effects, self.checkpoints,
                        self.replayed, parked.info)
@@ -383,8 +379,7 @@ class Driver:
         try:
             value = self.verify(result)
             if inspect.isawaitable(value):
-                assert self.attempts.loop is not None
-                value = self.attempts.loop.run_until_complete(value)
+                value = self.attempts.event_loop().run_until_complete(value)
         except Exception as exc:  # the check itself failed: that is the evidence
             return False, f"{type(exc).__name__}: {exc}"
         if value is False:

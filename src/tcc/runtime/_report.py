@@ -20,21 +20,25 @@ shape; :func:`error_line` and :func:`traceback_lines` render it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import sysconfig
-import traceback
 from typing import Any
 
 MAX_FRAMES = 50
 MAX_SOURCE = 200
 
 _TCC_DIR = os.path.normcase(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-_STDLIB_DIRS = tuple(
-    os.path.normcase(os.path.abspath(p)) + os.sep
-    for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")}
-    if p
-)
+
+
+@functools.cache
+def _stdlib_dirs() -> tuple[str, ...]:
+    # only a failed run needs them: sysconfig and traceback are not imported by every run
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(os.path.normcase(os.path.abspath(p)) + os.sep
+                 for p in {paths.get("stdlib"), paths.get("platstdlib")} if p)
 
 
 def _clip(text: str, limit: int) -> str:
@@ -55,7 +59,7 @@ def _is_tcc(filename: str) -> bool:
 def _is_stdlib(filename: str) -> bool:
     if filename.startswith("<frozen "):
         return True
-    return os.path.normcase(os.path.abspath(filename)).startswith(_STDLIB_DIRS)
+    return os.path.normcase(os.path.abspath(filename)).startswith(_stdlib_dirs())
 
 
 def _with_traceback(exc: BaseException) -> BaseException:
@@ -74,6 +78,8 @@ def _with_traceback(exc: BaseException) -> BaseException:
 def agent_frames(exc: BaseException) -> tuple[list[dict[str, Any]], int]:
     """The frames of ``exc``'s traceback to show, innermost last, and how many
     more (outer) frames the cap of :data:`MAX_FRAMES` left out."""
+    import traceback
+
     summary = traceback.extract_tb(_with_traceback(exc).__traceback__)
     files = [f.filename for f in summary]
     tcc = [_is_tcc(name) for name in files]
@@ -105,6 +111,8 @@ def agent_frames(exc: BaseException) -> tuple[list[dict[str, Any]], int]:
 
 def encode_error(exc: BaseException) -> bytes:
     """The stored form of a run's error: type, message, traceback text and frames."""
+    import traceback
+
     try:
         text = "".join(traceback.format_exception(exc))
     except Exception as failed:  # noqa: BLE001 - formatting must not lose the failure

@@ -15,7 +15,6 @@ parks the run (:meth:`Driver.park`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -152,14 +151,15 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
         ]
 
         async def all_of(calls: list[Any]) -> list[Any]:
+            import asyncio
+
             return await asyncio.gather(
                 *(d.attempts.invoke(eff, a, k, key, att) for (_i, eff, a, k, _b, key, att) in calls),
                 return_exceptions=True,
             )
 
         t0 = time.perf_counter()
-        assert d.attempts.loop is not None
-        results = d.attempts.loop.run_until_complete(all_of(round_))
+        results = d.attempts.event_loop().run_until_complete(all_of(round_))
         duration = time.perf_counter() - t0
         stopped = next((r for r in results if isinstance(r, Parked)), None)
         again = []

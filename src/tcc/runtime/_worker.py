@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from .._proc import pid_alive
 from ..errors import RunNotFoundError, StoreConnectionError, StoreCorruptError
 from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
 from ._pinning import changed_files, manifest_of, policy_of
 from ._scripts import script_display_name
+
+if TYPE_CHECKING:
+    import subprocess  # imported where a process is started: not by every `tcc resume`
 
 BACKOFF_MAX = 300.0  # seconds between resumes of a run whose resumes keep failing
 # A worker's claim holds the run this long at least, while the `tcc resume` it starts gets
@@ -177,12 +179,15 @@ def not_due_reason(store: Store, run: RunInfo, now: float) -> str:
 
 
 def start_resume(store: Store, run_id: str, *, command: list[str] | None = None,
-                 env: dict[str, str] | None = None, stderr: Any = subprocess.DEVNULL
+                 env: dict[str, str] | None = None, stderr: Any = None
                  ) -> subprocess.Popen[bytes]:
     """Resume ``run_id`` in a ``tcc resume`` process of its own, as the worker does, if it
     is due (:func:`due`); else :class:`~tcc.errors.UsageError` saying why not.  Records a
     ``resume_requested`` event with the process id.  For a front end that must not block
-    (the dashboard): the run's progress is in the store, not in the returned process."""
+    (the dashboard): the run's progress is in the store, not in the returned process.
+    ``stderr``: where the process's standard error goes (default: discarded)."""
+    import subprocess
+
     from ..errors import UsageError
 
     run = store.get_run(run_id)
@@ -190,7 +195,8 @@ def start_resume(store: Store, run_id: str, *, command: list[str] | None = None,
     if reason is None:
         raise UsageError(not_due_reason(store, run, time.time()))
     proc = subprocess.Popen(resume_command(store, run_id, command), env=resume_env(store, env),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL if stderr is None else stderr,
                             start_new_session=True)
     store.add_event(run_id, "resume_requested", {"pid": proc.pid, "reason": reason})
     return proc
@@ -358,7 +364,8 @@ class Worker:
         args = resume_command(self.store, run_id, self.command, claimed_epoch=claimed_epoch,
                               lease=self.lease)
         self.log(f"worker: resuming {run_id} ({reason})")
-        import tempfile  # here: a `tcc resume` imports this module, and never gets here
+        import subprocess  # here: a `tcc resume` imports this module, and never gets here
+        import tempfile
 
         err = tempfile.TemporaryFile()
         self.errs[run_id] = err

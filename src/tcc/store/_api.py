@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
@@ -80,7 +79,7 @@ DURABILITIES: tuple[Durability, ...] = get_args(Durability)
 #: overrides it: two hosts must never share an identity (a worker would take a live run
 #: from the other at once, its pid being unknown here), and tests run several "hosts"
 #: on one machine with it.
-HOST = os.environ.get("TCC_HOST_ID") or socket.gethostname()
+HOST = os.environ.get("TCC_HOST_ID") or os.uname().nodename  # gethostname(), without socket
 
 
 class StoreDamageWarning(UserWarning):
