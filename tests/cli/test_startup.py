@@ -114,9 +114,9 @@ def test_resume_reaches_its_first_new_effect_without_the_pickler(tmp_path):
 
 # What a run whose effects are plain ``def`` functions never needs before its first new
 # effect: asyncio (and with it ssl, socket, subprocess, concurrent.futures, logging: ~40 ms),
-# the pickler, and the run views of `tcc show` (datetime).
+# the pickler, the run views of `tcc show` (datetime), and shutil (argparse's help width).
 _NOT_FOR_SYNC = _HEAVY + ("asyncio", "ssl", "socket", "subprocess", "concurrent.futures", "logging",
-                          "datetime", "tcc.runtime._views", "tcc.runtime._fork")
+                          "shutil", "datetime", "tcc.runtime._views", "tcc.runtime._fork")
 
 
 def test_a_run_of_sync_effects_resumes_without_asyncio(tmp_path):
