@@ -125,3 +125,4 @@ def test_large_or_unusual_payloads_take_the_pickler():
     assert not _api._plain(loop)  # and ends on cycles
     assert not _api._plain([Str("x")])  # a subclass may have its own reduction
     assert not _api._plain({1, 2})  # sets are not walked: the pickler takes them
+    assert not _api._plain([1j])  # reducer_override sees complex: a registered reducer applies

@@ -41,8 +41,9 @@ def _new_pickler(buf: io.BytesIO, segments: Any = None) -> Pickler:
 
 
 # Plain data: what tcc's pickler writes exactly as pickle does (the C pickler handles these
-# exact types itself, before any reducer_override or dispatch table is asked).
-_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
+# exact types itself, before any reducer_override or dispatch table is asked; not complex,
+# which reducer_override sees, so a reducer registered for it must apply).
+_ATOMS = frozenset({type(None), bool, int, float, str, bytes})
 _PLAIN_ITEMS = 64  # a payload with more items takes tcc's pickler: the walk is not free
 
 
@@ -74,7 +75,10 @@ def dump_payload(obj: Any) -> bytes:
     if _plain(obj):
         # the same bytes tcc's pickler writes, without importing it (cloudpickle and
         # logging: ~10 ms of a `tcc resume` whose first effect takes plain arguments)
-        return pickle.dumps(obj, protocol=PROTOCOL)
+        try:
+            return pickle.dumps(obj, protocol=PROTOCOL)
+        except Exception:  # noqa: BLE001 - e.g. changed by another thread: the pickler's errors
+            pass
     payload = _dump(obj, b"")
     assert isinstance(payload, bytes)  # nothing goes out of band without a segment cache
     return payload

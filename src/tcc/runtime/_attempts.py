@@ -151,6 +151,13 @@ class Attempts:
             self.loop = asyncio.new_event_loop()
         return self.loop
 
+    def ready(self, fn: Callable[..., Any], effect: Effect) -> None:
+        """Make the loop now if calling ``fn`` for ``effect`` will need one: before the
+        attempt starts, so that asyncio's import is not timed as the attempt's, and a
+        failure to make the loop is not recorded as the attempt's outcome."""
+        if effect.timeout is not None or is_async(fn):
+            self.event_loop()
+
     def close_loop(self) -> None:
         """The drive ended: wait for its stuck threads (see :meth:`drain_stuck_threads`),
         then close its loop, if it made one (stuck threads need one)."""
@@ -184,6 +191,7 @@ class Attempts:
             last = effect.retries + 1
         attempt = first_attempt
         self.wait_for_stuck_threads(effect)  # an earlier call of it timed out
+        self.ready(effect.fn, effect)
         while True:
             seq = self.store.append_intent(
                 self.run_id, self.epoch, effect.name, args_blob, idempotency_key=key, attempt=attempt

@@ -47,7 +47,7 @@ from ..effects import (CheckpointRequest, EffectRequest, GatherRequest, SleepReq
 from ..store import Completion, Store
 from . import _steps
 from ._agent_errors import explain_agent_error, forgotten_await, unsupported_await
-from ._attempts import Attempts
+from ._attempts import Attempts, is_async
 from ._globals import ModuleState
 from ._journal import LoggedCall, Replay
 from ._lease import Lease
@@ -376,6 +376,8 @@ class Driver:
     def _verify(self, result: Any) -> tuple[bool, str]:
         """Run the script's ``verify(result)``: True/None passes, False or an exception fails."""
         assert self.verify is not None
+        if is_async(self.verify):
+            self.attempts.event_loop()  # made outside the check: its failure is not the evidence
         try:
             value = self.verify(result)
             if inspect.isawaitable(value):

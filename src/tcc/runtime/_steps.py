@@ -142,6 +142,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
     if issued:
         d.past_the_journal()
     round_ = todo
+    loop = d.attempts.event_loop() if round_ else None  # the calls run on it, side by side
     while round_:  # each round: the calls' attempts, concurrently; then the failed ones again
         seqs = [
             d.store.append_intent(
@@ -159,7 +160,8 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             )
 
         t0 = time.perf_counter()
-        results = d.attempts.event_loop().run_until_complete(all_of(round_))
+        assert loop is not None
+        results = loop.run_until_complete(all_of(round_))
         duration = time.perf_counter() - t0
         stopped = next((r for r in results if isinstance(r, Parked)), None)
         again = []

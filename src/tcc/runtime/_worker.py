@@ -178,17 +178,22 @@ def not_due_reason(store: Store, run: RunInfo, now: float) -> str:
     return f"run {run.run_id} is {run.status} and not due"
 
 
+_DISCARD: Any = -3  # subprocess.DEVNULL, without importing subprocess here
+
+
 def start_resume(store: Store, run_id: str, *, command: list[str] | None = None,
-                 env: dict[str, str] | None = None, stderr: Any = None
+                 env: dict[str, str] | None = None, stderr: Any = _DISCARD
                  ) -> subprocess.Popen[bytes]:
     """Resume ``run_id`` in a ``tcc resume`` process of its own, as the worker does, if it
     is due (:func:`due`); else :class:`~tcc.errors.UsageError` saying why not.  Records a
     ``resume_requested`` event with the process id.  For a front end that must not block
     (the dashboard): the run's progress is in the store, not in the returned process.
-    ``stderr``: where the process's standard error goes (default: discarded)."""
+    ``stderr``: as :class:`subprocess.Popen`'s (default: discarded)."""
     import subprocess
 
     from ..errors import UsageError
+
+    assert _DISCARD == subprocess.DEVNULL
 
     run = store.get_run(run_id)
     reason = due(store, run, time.time())
@@ -196,7 +201,7 @@ def start_resume(store: Store, run_id: str, *, command: list[str] | None = None,
         raise UsageError(not_due_reason(store, run, time.time()))
     proc = subprocess.Popen(resume_command(store, run_id, command), env=resume_env(store, env),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL if stderr is None else stderr,
+                            stderr=stderr,
                             start_new_session=True)
     store.add_event(run_id, "resume_requested", {"pid": proc.pid, "reason": reason})
     return proc
