@@ -79,4 +79,6 @@ def test_a_quick_raw_file_renders_beside_itself_and_leaves_the_paper_alone(tmp_p
     assert out.exists() and str(out) in proc.stdout
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in watched} == before
     text = out.read_text()
-    assert "95% bootstrap interval" in text and "provenance not recorded" in text
+    provenance = raw.get("provenance")  # files from before it was recorded have none
+    described = f"commit {provenance['git_sha'][:12]}" if provenance else "provenance not recorded"
+    assert "95% bootstrap interval" in text and described in text
