@@ -36,16 +36,49 @@ def test_a_growing_transcript_reuses_its_unchanged_segments():
     transcript = _messages(1000)
     state = {"transcript": transcript, "step": 0}
     _dump(state, cache)
-    assert (cache.written, cache.reused) == (3, 0)  # 1000 // 256 full segments
+    # 3 segments of 256 messages, then 7 of 32; the 8 messages left are pickled with the dump
+    assert (cache.written, cache.reused) == (3 + 7, 0)
+    assert _segments.layout(1000)[-1] == (960, 32)
     for step in range(1, 300):
         transcript.append({"role": "user", "content": f"new {step}"})
         state["step"] = step
         payload = _dump(state, cache)
-    assert cache.written == 1299 // 256  # each segment was pickled once, when it filled up
+    # each segment was pickled once, when it filled up: the small ones from 768 to 992,
+    # then the large one from 768 (at 1,024 messages) and 8 small ones after it
+    assert cache.written == 3 + 7 + 1 + 8
     assert cache.reused >= 3 * 299
     restored = _load(payload)
     assert restored == state
     assert safe_loads(payload)["transcript"] == transcript  # the restricted loader reads them too
+
+
+def test_the_layout_keeps_the_tail_short_and_the_segments_few():
+    assert _segments.layout(_segments.MIN_ITEMS - 1) == []
+    for n in (64, 100, 255, 256, 511, 512, 1000, 1023, 1024, 10_000):
+        spans = _segments.layout(n)
+        assert spans[0][0] == 0 and all(a + k == b for (a, k), (b, _) in zip(spans, spans[1:]))
+        end = spans[-1][0] + spans[-1][1]
+        assert n - end < _segments.SMALL_SEGMENT  # the tail pickled at every dump
+        assert len(spans) <= n // _segments.SEGMENT + _segments.SEGMENT // _segments.SMALL_SEGMENT
+    assert _segments.layout(100) == [(0, 32), (32, 32), (64, 32)]
+    assert _segments.layout(300) == [(0, 256), (256, 32)]
+
+
+def test_a_short_list_of_small_items_keeps_its_segments_in_the_stream():
+    """A segment's pickle under SEGMENT_MIN_BYTES is copied into the stream: a store
+    would otherwise handle many tiny pieces at every checkpoint."""
+    cache = SegmentCache()
+    numbers = list(range(100))
+    blob = dump_stored({"n": numbers}, segments=cache)
+    assert isinstance(blob, bytes)  # nothing out of band
+    assert cache.written == 3
+    numbers.append(100)
+    assert _load(_dump({"n": numbers}, cache)) == {"n": numbers}
+    assert (cache.written, cache.reused) == (3, 3)
+    transcript = [{"role": "tool", "content": f"{i:06d}" * 100} for i in range(100)]  # 600 B each
+    pieces = dump_stored({"t": transcript}, segments=cache)
+    assert isinstance(pieces, tuple) and len(pieces) == 1 + 3  # the stream, then 3 segments
+    assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
 
 
 def test_every_reference_to_the_list_loads_as_one_list():
@@ -94,7 +127,7 @@ def test_a_message_held_elsewhere_keeps_its_identity():
 def test_lists_of_other_things_are_pickled_as_before():
     cache = SegmentCache()
     for items in ([[i] for i in range(600)], [{"v": [i]} for i in range(600)], [object] * 600,
-                  [str(i) for i in range(100)]):
+                  [str(i) for i in range(_segments.MIN_ITEMS - 1)]):
         payload = _dump({"x": items}, cache)
         assert b"tcc:segments" not in payload
         assert _load(payload) == {"x": items}
@@ -230,10 +263,13 @@ def _shape(state):
 def test_incremental_snapshots_restore_equal_to_full_ones(monkeypatch, start, ops):
     """After every mutation, a snapshot through the cache restores equal to the live state
     and to a snapshot without it, with the same sharing (small segments, so that every
-    boundary case comes up; and bytes-like values of 3 bytes or more go out of band)."""
+    boundary case comes up, in both sizes; segments' pickles of 60 bytes or more and
+    bytes-like values of 3 bytes or more go out of band, shorter ones into the stream)."""
     monkeypatch.setattr(_segments, "SEGMENT", 4)
-    monkeypatch.setattr(_segments, "MIN_ITEMS", 8)
+    monkeypatch.setattr(_segments, "SMALL_SEGMENT", 2)
+    monkeypatch.setattr(_segments, "MIN_ITEMS", 4)
     monkeypatch.setattr(_segments, "MIN_BYTES", 3)
+    monkeypatch.setattr(_segments, "SEGMENT_MIN_BYTES", 60)
     cache = SegmentCache()
     state = {"t": copy.deepcopy(start)}
     for op in [("extend", [])] + ops:
@@ -395,9 +431,10 @@ def test_a_message_held_elsewhere_and_pickled_before_the_list_keeps_its_identity
     restored = _load(_dump(state, cache))
     assert restored == state and restored["held"] is restored["t"][300]
     assert cache.written == written  # segment 1 held a shared dict: pickled with the rest
-    del state["held"]  # no longer shared: recorded as a segment again
-    restored = _load(_dump(state, cache))
-    assert restored == state and cache.written == written + 1
+    del state["held"]  # no longer shared: recorded as a segment again, and so are the
+    restored = _load(_dump(state, cache))  # 2 small ones after it (segments run unbroken)
+    assert _segments.layout(600) == [(0, 256), (256, 256), (512, 32), (544, 32)]
+    assert restored == state and cache.written == written + 1 + 2
 
 
 def test_a_message_in_two_long_lists_keeps_its_identity():

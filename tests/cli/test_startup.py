@@ -92,12 +92,12 @@ async def main():
 _HEAVY = ("cloudpickle", "greenlet", "tcc.capture._pickler", "tcc.capture._diagnose")
 
 
-def test_resume_reaches_its_first_new_effect_without_the_pickler(tmp_path):
-    """A resumed run restores its snapshot with pickle's loader; the pickler (cloudpickle,
-    ~14 ms of imports) and greenlet (plain-``def`` agents only) are imported when first
-    needed, after the first new effect.  The run then checkpoints and finishes as usual."""
+def _crash_and_resume(tmp_path, source):
+    """Run ``source`` with `tcc run` until it is killed inside step 1, resume it with
+    `tcc resume` to the end, and return the modules the resumed process had imported at
+    its first new effect."""
     script = tmp_path / "agent.py"
-    script.write_text(_AGENT)
+    script.write_text(source)
     mark = tmp_path / "mark"
     env = {**__import__("os").environ, "TCC_STORE": str(tmp_path / "store"), "MARK": str(mark)}
     first = subprocess.run([sys.executable, "-m", "tcc", "run", "--run-id", "r", str(script)],
@@ -107,7 +107,14 @@ def test_resume_reaches_its_first_new_effect_without_the_pickler(tmp_path):
                             env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["result"] == 30  # 0 + 10 + 20: nothing lost or run twice
-    loaded = set(json.loads(mark.read_text()))
+    return set(json.loads(mark.read_text()))
+
+
+def test_resume_reaches_its_first_new_effect_without_the_pickler(tmp_path):
+    """A resumed run restores its snapshot with pickle's loader; the pickler (cloudpickle,
+    ~14 ms of imports) and greenlet (plain-``def`` agents only) are imported when first
+    needed, after the first new effect.  The run then checkpoints and finishes as usual."""
+    loaded = _crash_and_resume(tmp_path, _AGENT)
     assert "tcc.runtime._driver" in loaded and "tcc.capture._api" in loaded
     assert loaded.isdisjoint(_HEAVY), sorted(loaded.intersection(_HEAVY))
 
@@ -123,18 +130,7 @@ def test_a_run_of_sync_effects_resumes_without_asyncio(tmp_path):
     """The drive makes its event loop when an async effect, a timeout or a gather first
     needs one: a run of plain ``def`` effects is resumed, re-issues its in-flight call and
     finishes without importing asyncio."""
-    script = tmp_path / "agent.py"
-    script.write_text(_AGENT.replace("async def step(i):", "def step(i):"))
-    mark = tmp_path / "mark"
-    env = {**__import__("os").environ, "TCC_STORE": str(tmp_path / "store"), "MARK": str(mark)}
-    first = subprocess.run([sys.executable, "-m", "tcc", "run", "--run-id", "r", str(script)],
-                           env=env, capture_output=True, text=True, timeout=120)
-    assert first.returncode == -9, first.stderr  # killed inside step 1
-    second = subprocess.run([sys.executable, "-m", "tcc", "resume", "--json", "r"],
-                            env=env, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0, second.stderr
-    assert json.loads(second.stdout)["result"] == 30
-    loaded = set(json.loads(mark.read_text()))
+    loaded = _crash_and_resume(tmp_path, _AGENT.replace("async def step(i):", "def step(i):"))
     assert "tcc.runtime._driver" in loaded and "tcc.store._lmdb" in loaded
     assert loaded.isdisjoint(_NOT_FOR_SYNC), sorted(loaded.intersection(_NOT_FOR_SYNC))
 

@@ -316,6 +316,41 @@ def _cloudpickle_default(pickler: Pickler, obj: Any) -> Any:
     return cloudpickle.Pickler.reducer_override(pickler, obj)
 
 
+# cloudpickle's registry of modules pickled by value (a set it changes in place), and the
+# types it writes by their builtin names; None if a later cloudpickle moved them
+_BY_VALUE: Any = getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", None)
+_BUILTIN_TYPES: Any = getattr(cloudpickle.cloudpickle, "_BUILTIN_TYPE_NAMES", None)
+
+
+def _by_reference(obj: Any) -> bool:
+    """cloudpickle's ``_should_pickle_by_reference(obj)`` for a function or class: is it
+    the attribute its ``__qualname__`` names in its importable module?  The usual case --
+    a top-level name, while no module is registered to be pickled by value -- is decided
+    here with one lookup (cloudpickle's test costs ~10 us, and a checkpoint meets the
+    agent's functions and classes every time); anything else is left to cloudpickle."""
+    module_name = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if (type(module_name) is str and type(qualname) is str and module_name != "__main__"
+            and "." not in qualname and _BY_VALUE is not None and not _BY_VALUE):
+        module = sys.modules.get(module_name)
+        if module is None:
+            return False
+        try:
+            return getattr(module, qualname) is obj
+        except AttributeError:
+            return False
+    return bool(cloudpickle.cloudpickle._should_pickle_by_reference(obj))
+
+
+def _reduce_class(pickler: Pickler, cls: type) -> Any:
+    """Classes: by reference when cloudpickle would write them so (decided faster),
+    else as cloudpickle does."""
+    if _BUILTIN_TYPES is not None and cls is not type(None) and cls is not type(Ellipsis) \
+            and cls is not type(NotImplemented) and cls not in _BUILTIN_TYPES and _by_reference(cls):
+        return NotImplemented
+    return _cloudpickle_default(pickler, cls)
+
+
 # ------------------------------------------------------------------ functions
 
 _MAX_UNWRAP = 32
@@ -405,7 +440,7 @@ def _reduce_function(pickler: Pickler, func: types.FunctionType) -> Any:
     * anything else (``__main__`` scripts, modules registered to be pickled
       by value): cloudpickle by value, with the globals it uses copied.
     """
-    if cloudpickle.cloudpickle._should_pickle_by_reference(func):
+    if _by_reference(func):
         return NotImplemented
     found = locate_function(func)
     if found is not None:
@@ -531,7 +566,7 @@ def _classify(t: type) -> Callable[[Pickler, Any], Any] | None:
     if t in _PLAIN:
         return None
     if issubclass(t, type):
-        return _cloudpickle_default
+        return _reduce_class
     refusal = _refusal_for(t)
     if refusal is _FILE_REFUSAL:
         return _StreamOr(refusal)

@@ -3,10 +3,15 @@
 An agent's state usually holds one list that grows by an item at every step: the
 transcript.  Pickling it whole at every checkpoint costs O(state) (~2-4 ms at 10,000
 messages), although only its end changed.  With a :class:`SegmentCache` (one per run,
-kept by the runtime between checkpoints), a list of at least ``2 * SEGMENT`` items is
-written as its full segments of ``SEGMENT`` items, each one a separate pickle kept from
+kept by the runtime between checkpoints), a list of at least ``MIN_ITEMS`` items is
+written as segments (see :func:`layout`): full segments of ``SEGMENT`` items from its
+start, then full ones of ``SMALL_SEGMENT`` items, each one a separate pickle kept from
 the previous checkpoint while its items have not changed, followed by the remaining
-items, pickled normally.  The list is handed to the cache by the pickler's
+items (fewer than ``SMALL_SEGMENT``), pickled normally.  The small segments keep that
+tail, which every checkpoint pickles again, short; the large ones keep the number of
+segments, which every checkpoint walks, low.  A segment's pickle of at least
+``SEGMENT_MIN_BYTES`` goes out of band (``_framed``), a shorter one into the stream.
+The list is handed to the cache by the pickler's
 ``persistent_id`` (``tcc._native.SegmentHook``: one C call per object, which passes on
 only long lists; the C pickler gives lists to no other hook), and written as the
 persistent id ``("tcc:segments", blobs, tail)``; loading rebuilds one list from it
@@ -38,7 +43,7 @@ How "not changed" and "held by nothing else" are known depends on the interprete
   recorded anew only if the dict is no longer shared (its reference count).
 
 Anything else -- a list of objects, of lists, of dicts holding lists, a list shorter
-than ``2 * SEGMENT`` -- is pickled as before.  The one difference a program could see:
+than ``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see:
 equal strings (and other immutable values) in different segments come back as equal
 objects that may not be identical (``is``), as after any copy.
 """
@@ -54,7 +59,11 @@ from ._framed import MIN_BYTES
 from ._records import BUFFER_PID, SEGMENTS_PID
 
 SEGMENT = 256
-MIN_ITEMS = 2 * SEGMENT
+SMALL_SEGMENT = 32  # the segments after the last full SEGMENT: the tail stays short
+MIN_ITEMS = 2 * SMALL_SEGMENT
+SEGMENT_MIN_BYTES = 8 << 10  # a segment's pickle this long goes out of band; a shorter one
+# is copied into the stream (a store handles each out-of-band piece on its own, at every
+# checkpoint: many small ones cost more than copying them)
 MAX_LISTS = 32  # lists remembered per cache (least recently pickled ones are forgotten)
 _INELIGIBLE = object()
 _NONE = type(None)
@@ -76,6 +85,20 @@ def _version(item: Any) -> Any:
             and all(_immutable(v) for v in item.values()):
         return native().dict_version(item)
     return _INELIGIBLE
+
+
+def layout(n: int) -> list[tuple[int, int]]:
+    """The ``(start, size)`` segments a list of ``n`` items is cut into: full segments of
+    :data:`SEGMENT` items from the start, then full ones of :data:`SMALL_SEGMENT` items; the
+    rest (fewer than ``SMALL_SEGMENT`` items) is the tail, pickled with the dump.  When the
+    list fills its next ``SEGMENT``, the small segments there give way to one large one
+    (its items pickled once more: one item per step, amortised, on a growing list)."""
+    if n < MIN_ITEMS:
+        return []
+    big = n // SEGMENT * SEGMENT
+    small = max(1, min(SMALL_SEGMENT, SEGMENT))
+    return [(start, SEGMENT) for start in range(0, big, SEGMENT)] + \
+        [(start, small) for start in range(big, n - small + 1, small)]
 
 
 class _Segment:
@@ -118,8 +141,8 @@ class SegmentCache:
         self.reused = 0  # segments taken from the cache (for tests and benchmarks)
         self.written = 0  # segments pickled anew
 
-    def _record(self, lst: list[Any], start: int) -> _Segment | None:
-        items = tuple(lst[start:start + SEGMENT])
+    def _record(self, lst: list[Any], start: int, size: int) -> _Segment | None:
+        items = tuple(lst[start:start + size])
         nat = native()
         token: bytearray | None = None
         failures = 0
@@ -162,33 +185,37 @@ class SegmentCache:
         while len(self._lists) > MAX_LISTS:
             _release_all(self._lists.pop(next(iter(self._lists)))[1])
         check, failures = nat.segment_unchanged, nat.watch_failures()
-        for k in range(len(lst) // SEGMENT):
-            start = k * SEGMENT
+        spans = layout(len(lst))
+        end = 0
+        for k, (start, size) in enumerate(spans):
             if k < len(segments):
                 seg = segments[k]
-                if check(lst, start, seg.items, seg.versions) and seg.clean(failures):
+                if len(seg.items) == size and check(lst, start, seg.items, seg.versions) \
+                        and seg.clean(failures):
                     self.reused += 1
+                    end = start + size
                     continue
-                # changed: drop it (and this reference to its items, or the dicts among them
-                # would seem held elsewhere while the segment is recorded again)
+                # changed or cut differently: drop it (and this reference to its items, or
+                # the dicts among them would seem held elsewhere while they are recorded again)
                 segments[k] = _EMPTY
                 seg.release()
                 del seg
-            new = self._record(lst, start)
+            new = self._record(lst, start, size)
             if new is None:
                 break
             if k < len(segments):
                 segments[k] = new
             else:
                 segments.append(new)
+            end = start + size
         else:
-            k = len(lst) // SEGMENT
+            k = len(spans)
         _release_all(segments[k:])
         del segments[k:]
         if not segments:
             return None
         tokens = [s.token for s in segments if s.token is not None]
-        return tuple(s.blob for s in segments), lst[k * SEGMENT:], tokens
+        return tuple(s.blob for s in segments), lst[end:], tokens
 
     def close(self) -> None:
         """Forget every list (and stop watching their dicts)."""
@@ -243,7 +270,8 @@ class Dump:
 
     def pid(self, obj: Any) -> Any:
         """The persistent id that stands for ``obj`` in this dump, or None: pickle it as
-        usual.  The tail in an id (``lst[k * SEGMENT:]``, a new list) is never cut again."""
+        usual.  The tail in an id (the items after the last segment, a new list) is never cut
+        again."""
         if type(obj) is dict:  # a dict some segment watches, met in the stream
             token = native().watch_token(obj)
             if token is not None:
@@ -273,7 +301,7 @@ class Dump:
         a buffer of at least MIN_BYTES, True (in the stream) for a smaller one."""
         raw = buf.raw()
         owner = raw.obj
-        if raw.nbytes < MIN_BYTES and id(owner) not in self._blobs:
+        if raw.nbytes < (SEGMENT_MIN_BYTES if id(owner) in self._blobs else MIN_BYTES):
             return True
         # an exact bytes object is handed on as itself: the store knows it by identity
         self.buffers.append(owner if type(owner) is bytes and len(owner) == raw.nbytes else raw)
