@@ -1,6 +1,7 @@
-"""The pickler's fast test for "pickle this function or class by reference"
+"""The pickler's fast paths: its test for "pickle this function or class by reference"
 (``tcc.capture._pickler._by_reference``) gives cloudpickle's answer on every kind of
-function and class, and what it decides still loads back to the same object."""
+function and class, and what it decides still loads back to the same object; and its
+dispatch table, which still holds copyreg's and cloudpickle's reducers."""
 
 from __future__ import annotations
 
@@ -81,3 +82,29 @@ def test_functions_and_classes_by_reference_load_as_themselves():
                 types.FunctionType):
         assert loads(dumps(obj)) is obj
     assert pickle.loads(pickle.dumps(TopLevel)) is TopLevel
+
+
+class _Registered:
+    def __init__(self, value):
+        self.value = value
+
+
+def _rebuild(value):
+    return _Registered(value + 1)
+
+
+def test_the_pickler_sees_copyreg_and_cloudpickle_reducers():
+    """Its dispatch table is one dict made per pickler (not cloudpickle's ChainMap): a
+    reducer registered with copyreg since is used, and cloudpickle's own still apply."""
+    import copyreg
+
+    copyreg.pickle(_Registered, lambda obj: (_rebuild, (obj.value,)))
+    try:
+        assert loads(dumps(_Registered(1))).value == 2
+    finally:
+        del copyreg.dispatch_table[_Registered]
+    assert loads(dumps(_Registered(1))).value == 1  # by its class again
+    proxy = types.MappingProxyType({"a": 1})
+    assert dict(loads(dumps(proxy))) == {"a": 1}  # cloudpickle's reducer: pickle refuses it
+    with pytest.raises(TypeError):
+        pickle.dumps(proxy)

@@ -38,7 +38,9 @@ it is on a main thread.
 
 from __future__ import annotations
 
+import collections
 import contextvars
+import copyreg
 import io
 import sys
 import threading
@@ -254,6 +256,15 @@ def _on_a_stack_of(size: int, work: Callable[[], Any]) -> Any:
     return box.get("result")
 
 
+_CLOUDPICKLE_TABLE: Any = getattr(cloudpickle.Pickler, "_dispatch_table", None)
+_CHAINED: Any = getattr(cloudpickle.Pickler, "dispatch_table", None)
+# the flat table stands for cloudpickle's only if that is exactly its own table in front of
+# copyreg's (a later cloudpickle may build it otherwise: then it is used as it is)
+_FLAT_TABLE = (isinstance(_CLOUDPICKLE_TABLE, dict) and isinstance(_CHAINED, collections.ChainMap)
+               and len(_CHAINED.maps) == 2 and _CHAINED.maps[0] is _CLOUDPICKLE_TABLE
+               and _CHAINED.maps[1] is copyreg.dispatch_table)
+
+
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle's Pickler plus frames, shared cells and exception chains; with a
     ``segments`` cache (:class:`tcc.capture._segments.SegmentCache`), long lists reuse
@@ -264,6 +275,13 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     segment_dump: Any = None  # the segments' Dump (tcc.capture._segments), if any
 
     def __init__(self, file: Any, protocol: int | None = None, *, segments: Any = None) -> None:
+        if _FLAT_TABLE:
+            # cloudpickle's table is a ChainMap over copyreg's: the C pickler asks it for
+            # every object of a type it has no saver for, and each miss runs ChainMap's
+            # __getitem__ and __missing__ in Python.  The same table as one dict answers
+            # in C; made per pickler (two C merges), it sees every copyreg.pickle() so far.
+            # (The C pickler reads the attribute in __init__, so it is set before.)
+            self.dispatch_table = {**copyreg.dispatch_table, **_CLOUDPICKLE_TABLE}
         if segments is None:
             super().__init__(file, protocol=protocol)
             return
