@@ -98,6 +98,8 @@ def test_the_pickler_sees_copyreg_and_cloudpickle_reducers():
     reducer registered with copyreg since is used, and cloudpickle's own still apply."""
     import copyreg
 
+    assert _pickler._FLAT_TABLE  # this cloudpickle's table is the one the dict stands for
+
     copyreg.pickle(_Registered, lambda obj: (_rebuild, (obj.value,)))
     try:
         assert loads(dumps(_Registered(1))).value == 2

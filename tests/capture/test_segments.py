@@ -81,6 +81,42 @@ def test_a_short_list_of_small_items_keeps_its_segments_in_the_stream():
     assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
 
 
+def _covered(cache, lst):
+    """How many items of ``lst`` the cache's segments cover (the rest is the tail)."""
+    _, segments = cache._lists[id(lst)]
+    return sum(len(seg.items) for seg in segments)
+
+
+def test_the_tail_stays_short_when_small_segments_give_way_to_a_large_one():
+    """At 1,024 messages the small segments from 768 become one of 256: the dicts they hold
+    are released first, so the new segment is recorded at once, not pickled as a 256-item
+    tail for one step."""
+    cache = SegmentCache()
+    transcript = _messages(1000)
+    for step in range(60):
+        _dump({"t": transcript}, cache)
+        spans = _segments.layout(len(transcript))
+        assert _covered(cache, transcript) == spans[-1][0] + spans[-1][1], len(transcript)
+        assert len(transcript) - _covered(cache, transcript) < _segments.SMALL_SEGMENT
+        transcript.append({"role": "user", "content": f"new {step}"})
+    assert _load(_dump({"t": transcript}, cache)) == {"t": transcript}
+
+
+def test_lists_that_cannot_be_cut_do_not_push_the_transcript_out_of_the_cache():
+    cache = SegmentCache()
+    transcript = _messages(1000)
+    others = [[object] * 100 for _ in range(2 * _segments.MAX_LISTS)]  # never segmented
+    numbers = [list(range(j, j + 100)) for j in range(40)]  # segmented, in the stream
+    state = {"t": transcript, "others": others, "numbers": numbers}
+    _dump(state, cache)
+    for step in range(5):
+        transcript.append({"role": "user", "content": f"new {step}"})
+        written = cache.written
+        assert _load(_dump(state, cache))["t"] == transcript
+        assert cache.written == written  # nothing recorded again: all reused
+    assert id(transcript) in cache._lists and not any(id(o) in cache._lists for o in others)
+
+
 def test_every_reference_to_the_list_loads_as_one_list():
     cache = SegmentCache()
     transcript = [f"line {i}" for i in range(600)]

@@ -1,14 +1,15 @@
 """Snapshot payloads whose large buffers travel out of band (pickle protocol 5).
 
 A snapshot the runtime stores may hand large byte buffers to the store beside the pickle
-instead of inside it: the pickled segments of long lists (``_segments``), ``bytes`` and
+instead of inside it: the pickled segments of long lists (``_segments``) of at least
+``SEGMENT_MIN_BYTES`` there (shorter ones stay in the pickle), ``bytes`` and
 ``bytearray`` values of at least :data:`MIN_BYTES`, and protocol-5 ``PickleBuffer``\\ s of
 that size (numpy arrays).  The pickle then holds a ``NEXT_BUFFER`` opcode where each one
 goes, and the store receives the payload as pieces -- the envelope with this frame and
 the pickle, then each buffer -- whose concatenation is the payload it stores and returns.
 A buffer that is the same ``bytes`` object as in the run's previous snapshot is not read
-again by the store (``tcc.store._chunks``): an unchanged 100 MB value, or the thousands of
-messages of a transcript, cost a step nothing but their chunk references.
+again by the store (``tcc.store._chunks``): an unchanged 100 MB value, or the segments of a
+transcript's thousands of messages, cost a step nothing but their chunk references.
 
 Layout of a framed payload (after the envelope; integers big-endian)::
 

@@ -275,12 +275,13 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     segment_dump: Any = None  # the segments' Dump (tcc.capture._segments), if any
 
     def __init__(self, file: Any, protocol: int | None = None, *, segments: Any = None) -> None:
-        if _FLAT_TABLE:
+        if _FLAT_TABLE and cloudpickle.Pickler.dispatch_table is _CHAINED:
             # cloudpickle's table is a ChainMap over copyreg's: the C pickler asks it for
             # every object of a type it has no saver for, and each miss runs ChainMap's
             # __getitem__ and __missing__ in Python.  The same table as one dict answers
-            # in C; made per pickler (two C merges), it sees every copyreg.pickle() so far.
-            # (The C pickler reads the attribute in __init__, so it is set before.)
+            # in C; made per pickler (two C merges), it sees every copyreg.pickle() made
+            # before the dump (one made during it, from a __reduce__, applies from the
+            # next).  The C pickler reads the attribute in __init__, so it is set before.
             self.dispatch_table = {**copyreg.dispatch_table, **_CLOUDPICKLE_TABLE}
         if segments is None:
             super().__init__(file, protocol=protocol)
@@ -353,10 +354,11 @@ def _by_reference(obj: Any) -> bool:
         module = sys.modules.get(module_name)
         if module is None:
             return False
-        try:
-            return getattr(module, qualname) is obj
-        except AttributeError:
-            return False
+        if type(module) is types.ModuleType:
+            try:
+                return getattr(module, qualname) is obj
+            except AttributeError:
+                return False
     return bool(cloudpickle.cloudpickle._should_pickle_by_reference(obj))
 
 

@@ -64,7 +64,7 @@ MIN_ITEMS = 2 * SMALL_SEGMENT
 SEGMENT_MIN_BYTES = 8 << 10  # a segment's pickle this long goes out of band; a shorter one
 # is copied into the stream (a store handles each out-of-band piece on its own, at every
 # checkpoint: many small ones cost more than copying them)
-MAX_LISTS = 32  # lists remembered per cache (least recently pickled ones are forgotten)
+MAX_LISTS = 128  # lists remembered per cache (least recently pickled ones are forgotten)
 _INELIGIBLE = object()
 _NONE = type(None)
 
@@ -143,6 +143,8 @@ class SegmentCache:
 
     def _record(self, lst: list[Any], start: int, size: int) -> _Segment | None:
         items = tuple(lst[start:start + size])
+        if len(items) != size:  # the list shrank meanwhile (another thread)
+            return None
         nat = native()
         token: bytearray | None = None
         failures = 0
@@ -181,9 +183,23 @@ class SegmentCache:
             _release_all(entry[1])
             entry = None
         segments = entry[1] if entry is not None else []
+        try:
+            end = self._walk(lst, segments, nat)
+        except BaseException:
+            _release_all(segments)
+            raise
+        if not segments:  # nothing to keep: a list that cannot be cut takes no place here
+            return None
         self._lists[id(lst)] = (lst, segments)  # most recently used last
         while len(self._lists) > MAX_LISTS:
             _release_all(self._lists.pop(next(iter(self._lists)))[1])
+        tokens = [s.token for s in segments if s.token is not None]
+        return tuple(s.blob for s in segments), lst[end:], tokens
+
+    def _walk(self, lst: list[Any], segments: list[_Segment], nat: Any) -> int:
+        """Bring ``segments`` (the list's, from the previous dump) up to date with ``lst``:
+        reuse each that is unchanged, record the others again, and stop at the first span
+        that cannot be recorded.  Returns where the tail (pickled with the dump) starts."""
         check, failures = nat.segment_unchanged, nat.watch_failures()
         spans = layout(len(lst))
         end = 0
@@ -195,6 +211,11 @@ class SegmentCache:
                     self.reused += 1
                     end = start + size
                     continue
+                if len(seg.items) != size:
+                    # cut differently (the list filled a SEGMENT, or shrank): the segments
+                    # after it covered what this span now covers, and still hold its dicts
+                    _release_all(segments[k + 1:])
+                    del segments[k + 1:]
                 # changed or cut differently: drop it (and this reference to its items, or
                 # the dicts among them would seem held elsewhere while they are recorded again)
                 segments[k] = _EMPTY
@@ -212,10 +233,7 @@ class SegmentCache:
             k = len(spans)
         _release_all(segments[k:])
         del segments[k:]
-        if not segments:
-            return None
-        tokens = [s.token for s in segments if s.token is not None]
-        return tuple(s.blob for s in segments), lst[end:], tokens
+        return end
 
     def close(self) -> None:
         """Forget every list (and stop watching their dicts)."""
@@ -242,8 +260,9 @@ class Dump:
 
     The same id object stands for every reference to a list or value, so that it loads
     as one object (each dump has its own, so dumps sharing a cache do not mix).  The
-    segments' pickles, and ``bytes``/``bytearray`` values and protocol-5 buffers of at
-    least ``MIN_BYTES``, go out of band: :attr:`buffers` receives them in stream order."""
+    segments' pickles of at least ``SEGMENT_MIN_BYTES``, and ``bytes``/``bytearray``
+    values and protocol-5 buffers of at least ``MIN_BYTES``, go out of band:
+    :attr:`buffers` receives them in stream order; smaller ones stay in the stream."""
 
     def __init__(self, cache: SegmentCache) -> None:
         self.cache = cache
@@ -297,8 +316,9 @@ class Dump:
         return pid
 
     def buffer(self, buf: pickle.PickleBuffer) -> bool:
-        """The pickler's ``buffer_callback``: False (out of band) for a segment's pickle or
-        a buffer of at least MIN_BYTES, True (in the stream) for a smaller one."""
+        """The pickler's ``buffer_callback``: False (out of band) for a segment's pickle of
+        at least SEGMENT_MIN_BYTES or another buffer of at least MIN_BYTES, True (in the
+        stream) for a smaller one."""
         raw = buf.raw()
         owner = raw.obj
         if raw.nbytes < (SEGMENT_MIN_BYTES if id(owner) in self._blobs else MIN_BYTES):
