@@ -96,9 +96,8 @@ def layout(n: int) -> list[tuple[int, int]]:
     if n < MIN_ITEMS:
         return []
     big = n // SEGMENT * SEGMENT
-    small = max(1, min(SMALL_SEGMENT, SEGMENT))
     return [(start, SEGMENT) for start in range(0, big, SEGMENT)] + \
-        [(start, small) for start in range(big, n - small + 1, small)]
+        [(start, SMALL_SEGMENT) for start in range(big, n - SMALL_SEGMENT + 1, SMALL_SEGMENT)]
 
 
 class _Segment:
@@ -202,24 +201,22 @@ class SegmentCache:
         that cannot be recorded.  Returns where the tail (pickled with the dump) starts."""
         check, failures = nat.segment_unchanged, nat.watch_failures()
         spans = layout(len(lst))
-        end = 0
         for k, (start, size) in enumerate(spans):
             if k < len(segments):
                 seg = segments[k]
-                if len(seg.items) == size and check(lst, start, seg.items, seg.versions) \
-                        and seg.clean(failures):
-                    self.reused += 1
-                    end = start + size
-                    continue
                 if len(seg.items) != size:
                     # cut differently (the list filled a SEGMENT, or shrank): the segments
-                    # after it covered what this span now covers, and still hold its dicts
-                    _release_all(segments[k + 1:])
-                    del segments[k + 1:]
-                # changed or cut differently: drop it (and this reference to its items, or
-                # the dicts among them would seem held elsewhere while they are recorded again)
-                segments[k] = _EMPTY
-                seg.release()
+                    # from here covered what this span now covers, and hold its dicts
+                    _release_all(segments[k:])
+                    del segments[k:]
+                elif check(lst, start, seg.items, seg.versions) and seg.clean(failures):
+                    self.reused += 1
+                    continue
+                else:
+                    # changed: drop it (and this reference to its items, or the dicts among
+                    # them would seem held elsewhere while the segment is recorded again)
+                    segments[k] = _EMPTY
+                    seg.release()
                 del seg
             new = self._record(lst, start, size)
             if new is None:
@@ -228,12 +225,11 @@ class SegmentCache:
                 segments[k] = new
             else:
                 segments.append(new)
-            end = start + size
         else:
             k = len(spans)
         _release_all(segments[k:])
         del segments[k:]
-        return end
+        return spans[k - 1][0] + spans[k - 1][1] if k else 0
 
     def close(self) -> None:
         """Forget every list (and stop watching their dicts)."""
