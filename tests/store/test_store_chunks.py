@@ -255,6 +255,27 @@ def test_a_payload_in_pieces_keeps_the_chunks_of_a_piece_it_saw_before() -> None
     assert [a for a, _ in other] == [a for a, _ in again]
 
 
+def test_a_piece_up_to_the_largest_chunk_is_one_chunk_and_a_longer_one_is_cut() -> None:
+    """A later piece no longer than PIECE_WHOLE (a list segment's pickle, a buffer) is one
+    chunk: the store then keeps one manifest entry per segment at every checkpoint.  A
+    longer piece is cut by content, into chunks no longer than that."""
+    sealer = Sealer(os.urandom(32))
+    assert chunks_mod.PIECE_WHOLE == chunks_mod._piece_chunker().max_size  # type: ignore[attr-defined]
+    head = _text(5_000, 1)
+    head_chunks = len(split(sealer, head))
+    for size in (70_000, 300_000, chunks_mod.PIECE_WHOLE):
+        piece = _text(size, size)
+        got = split(sealer, (head, piece))
+        assert len(got) == head_chunks + 1
+        address, view = got[-1]
+        assert bytes(view) == piece and address == sealer.chunk_id(piece)
+    big = _text(3 * chunks_mod.PIECE_WHOLE, 5)
+    got = split(sealer, (head, big))[head_chunks:]
+    assert len(got) > 3
+    assert max(len(v) for _, v in got) <= chunks_mod.PIECE_WHOLE
+    assert b"".join(bytes(v) for _, v in got) == big
+
+
 def test_pieces_that_are_not_bytes_like_are_refused() -> None:
     from tcc.errors import UsageError
     from tcc.store._chunks import payload_size
