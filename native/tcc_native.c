@@ -587,6 +587,51 @@ tcc_segment_unchanged(PyObject *module, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* segment_shared(list, start, items): the indices i of the exact dicts among ``items``
+ * that something besides the list and ``items`` also holds (a local, another list), or
+ * that the list holds at a position other than start + i.  A segment pickled on its own
+ * would restore such a dict as a copy, so tcc.capture._segments pickles them with the
+ * rest of the state instead (the segment's "holes").  Reads reference counts and
+ * pointers only; any argument of the wrong kind gives TypeError. */
+static PyObject *
+tcc_segment_shared(PyObject *module, PyObject *args)
+{
+    PyObject *list, *items;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!nO!:segment_shared", &PyList_Type, &list, &start,
+                          &PyTuple_Type, &items)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    if (start < 0 || n > PyList_GET_SIZE(list) || start > PyList_GET_SIZE(list) - n) {
+        PyErr_SetString(PyExc_ValueError, "segment_shared(): items run past the list");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (!PyDict_CheckExact(item)) {
+            continue;
+        }
+        if (PyList_GET_ITEM(list, start + i) == item && Py_REFCNT(item) == 2) {
+            continue;
+        }
+        PyObject *index = PyLong_FromSsize_t(i);
+        if (index == NULL || PyList_Append(out, index) < 0) {
+            Py_XDECREF(index);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(index);
+    }
+    PyObject *result = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return result;
+}
+
 /* ---- dict watchers (3.12+): a segment's dicts report their own changes ---- *
  *
  * Checking each dict's version tag at every snapshot touches every message of a
@@ -939,6 +984,10 @@ static PyMethodDef tcc_methods[] = {
     {"dict_version", tcc_dict_version, METH_O,
      "dict_version(d) -> int\n\n"
      "The version tag of an exact dict (PEP 509): new on every change."},
+    {"segment_shared", tcc_segment_shared, METH_VARARGS,
+     "segment_shared(list, start, items) -> tuple\n\n"
+     "Indices of the exact dicts among items that something besides the list and items\n"
+     "also holds (or that the list holds elsewhere than start + i)."},
     {"segment_unchanged", tcc_segment_unchanged, METH_VARARGS,
      "segment_unchanged(list, start, items, versions) -> bool\n\n"
      "Whether list[start:start+len(items)] holds exactly ``items``, each dict among\n"

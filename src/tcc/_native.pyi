@@ -43,6 +43,10 @@ def segment_unchanged(lst: list[Any], start: int, items: tuple[Any, ...],
     """Whether ``lst[start:start+len(items)]`` holds exactly ``items``, each dict among them
     still at its recorded version and held by nothing but the list and ``items``."""
 
+def segment_shared(lst: list[Any], start: int, items: tuple[Any, ...], /) -> tuple[int, ...]:
+    """The indices of the exact dicts among ``items`` that something besides ``lst`` and
+    ``items`` also holds, or that ``lst`` does not hold at ``start + i``."""
+
 def dict_watch(items: tuple[Any, ...], token: bytearray, /) -> bool:
     """Watch each exact dict among ``items`` (3.12+): any change sets ``token[0]``.  False
     (nothing watched) where the interpreter has no dict watchers."""

@@ -160,6 +160,69 @@ def test_a_message_held_elsewhere_keeps_its_identity():
     assert restored["held"] is restored["t"][7]
 
 
+def test_a_system_prompt_held_in_a_local_leaves_the_rest_of_the_transcript_reused():
+    """The commonest shape of agent state: the first message is also a local.  Its segment
+    leaves that one dict out (a hole, pickled with the rest of the state at every dump), and
+    every other message is still written once: the step stays O(delta), not O(transcript)."""
+    def stream(state, cache):  # the pickle the dump wrote, without its out-of-band pieces
+        pieces = dump_stored(state, segments=cache)
+        return len(pieces[0]), unseal(b"".join(pieces), authenticated=True)
+
+    cache, alone = SegmentCache(), SegmentCache()
+    system = {"role": "system", "content": "You are terse."}
+    transcript = [system] + _messages(999)
+    state = {"system": system, "transcript": transcript}
+    stream(state, cache)
+    assert (cache.written, cache.reused) == (3 + 7, 0)  # as without the local
+    twin = copy.deepcopy(transcript)  # the same transcript, with nothing else holding a message
+    for step in range(1, 100):
+        for lst in (transcript, twin):
+            lst.append({"role": "user", "content": f"new {step}"})
+        system["turns"] = step  # changed in place, through the local
+        size, payload = stream(state, cache)
+        size_alone, _ = stream({"transcript": twin}, alone)
+        assert size < size_alone + 200  # the hole, not the transcript, is pickled again
+    assert cache.written == alone.written == 3 + 7 + 3  # the small segments that filled since
+    assert len(pickle.dumps(transcript)) > 4 * size
+    restored = _load(payload)
+    assert restored == state and restored["system"]["turns"] == 99
+    assert restored["system"] is restored["transcript"][0]  # one object, as before the dump
+    assert safe_loads(payload)["transcript"] == transcript
+
+
+def test_items_a_segment_cannot_stand_for_are_left_out_one_in_eight_at_most():
+    """A list in a transcript, or a bytearray, is pickled with the state at every dump (its
+    segment leaves it out); a list where more than one item in eight is such is pickled whole,
+    as before."""
+    cache = SegmentCache()
+    transcript = _messages(600)
+    transcript[3] = scratch = ["mutable", 1]
+    transcript[400] = bytearray(b"raw")
+    state = {"t": transcript}
+    _dump(state, cache)
+    assert cache.written == 2 + 2  # every segment, two of them with a hole
+    scratch.append("changed in place")
+    transcript[400][0:1] = b"R"
+    restored = _load(_dump(state, cache))
+    assert restored == state and restored["t"][3][-1] == "changed in place"
+    assert restored["t"][400] == bytearray(b"Raw") and cache.reused == 4
+    crowded = SegmentCache()
+    many = [[i] if i % 4 == 0 else {"i": i} for i in range(600)]
+    assert _load(_dump({"m": many}, crowded)) == {"m": many}
+    assert crowded.written == 0
+
+
+def test_malformed_segment_holes_are_refused_not_filled():
+    from tcc.capture._records import join_segments
+
+    blob = pickle.dumps([1, None, 3])
+    assert join_segments((blob,), [4], ((1, "two"),)) == [1, "two", 3, 4]
+    for holes in ("no tuple", ((1,),), (("1", 2),), ((3, 0),), ((-1, 0),), ((0, 0),),
+                  ((1, 0), (1, 0)), [(1, 0)]):
+        with pytest.raises(errors.CorruptSnapshotError, match="segment"):
+            join_segments((blob,), [4], holes)
+
+
 def test_lists_of_other_things_are_pickled_as_before():
     cache = SegmentCache()
     for items in ([[i] for i in range(600)], [{"v": [i]} for i in range(600)], [object] * 600,
@@ -214,6 +277,18 @@ def test_the_native_check_refuses_bad_input_without_crashing():
         _native.segment_unchanged((1, 2), 0, items, versions)
     with pytest.raises(TypeError):
         _native.dict_version([])
+    held = lst[0]
+    assert _native.segment_shared(lst, 0, items) == (0,)  # held by ``held`` too
+    del held
+    assert _native.segment_shared(lst, 0, items) == ()
+    assert _native.segment_shared(lst, 1, items[1:]) == ()
+    assert _native.segment_shared([{}, lst[0]], 0, items) == (0,)  # not where the list has it
+    for bad in ((lst, -1, items), (lst, 1, items), (lst, sys.maxsize, items)):
+        with pytest.raises(ValueError):
+            _native.segment_shared(*bad)
+    for bad in (((1,), 0, items), (lst, 0, list(items)), (lst, "0", items)):
+        with pytest.raises(TypeError):
+            _native.segment_shared(*bad)
     with pytest.raises(TypeError):
         _native.SegmentHook(None, 3)
 
@@ -466,11 +541,13 @@ def test_a_message_held_elsewhere_and_pickled_before_the_list_keeps_its_identity
     state = {"held": transcript[300], "t": transcript}
     restored = _load(_dump(state, cache))
     assert restored == state and restored["held"] is restored["t"][300]
-    assert cache.written == written  # segment 1 held a shared dict: pickled with the rest
-    del state["held"]  # no longer shared: recorded as a segment again, and so are the
-    restored = _load(_dump(state, cache))  # 2 small ones after it (segments run unbroken)
+    # segment 1 is recorded again with that dict left out (a hole, pickled with the rest of
+    # the state); the segments after it are still reused
+    assert cache.written == written + 1
     assert _segments.layout(600) == [(0, 256), (256, 256), (512, 32), (544, 32)]
-    assert restored == state and cache.written == written + 1 + 2
+    del state["held"]  # no longer shared: it stays a hole until its segment is recorded again
+    restored = _load(_dump(state, cache))
+    assert restored == state and cache.written == written + 1
 
 
 def test_a_message_in_two_long_lists_keeps_its_identity():

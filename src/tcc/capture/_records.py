@@ -381,16 +381,22 @@ def is_blob(b: Any) -> bool:
     return type(b) is bytes or type(b) is memoryview
 
 
-def join_segments(blobs: Any, tail: Any) -> list[Any]:
+def join_segments(blobs: Any, tail: Any, holes: Any = ()) -> list[Any]:
     """The list :class:`tcc.capture._segments.SegmentCache` wrote as segments: ``tail``
     itself, with each segment's items put in front of what it holds.
 
+    ``holes`` are the ``(position, item)`` pairs the segments left out (``None`` stands
+    in their place): items pickled with the rest of the state, so that an item also held
+    elsewhere (a dict in a local) is the same object in both places.
+
     ``tail`` is the list object the stream is building, and it may still be filling: an
     item of the tail that refers back to the list is loaded (and calls this) before the
-    tail's items are appended, which then land after the segments' ones, in order."""
+    tail's items are appended, which then land after the segments' ones, in order.  The
+    same holds for a hole (loaded, perhaps still filling, before this is called)."""
     import pickle
 
-    if type(blobs) is not tuple or type(tail) is not list or not all(is_blob(b) for b in blobs):
+    if type(blobs) is not tuple or type(tail) is not list or not all(is_blob(b) for b in blobs) \
+            or type(holes) is not tuple:
         raise errors.CorruptSnapshotError("malformed list segments in the snapshot")
     front: list[Any] = []
     for blob in blobs:
@@ -398,8 +404,21 @@ def join_segments(blobs: Any, tail: Any) -> list[Any]:
         if type(part) is not list:
             raise errors.CorruptSnapshotError("a list segment in the snapshot is not a list")
         front.extend(part)
+    fill_holes(front, holes)
     tail[0:0] = front
     return tail
+
+
+def fill_holes(front: list[Any], holes: tuple[Any, ...]) -> None:
+    """Put each ``(position, item)`` of ``holes`` into ``front`` where its segment left
+    ``None``; CorruptSnapshotError for anything else (positions must be ascending)."""
+    last = -1
+    for hole in holes:
+        if type(hole) is not tuple or len(hole) != 2 or type(hole[0]) is not int \
+                or not last < hole[0] < len(front) or front[hole[0]] is not None:
+            raise errors.CorruptSnapshotError("malformed list segment holes in the snapshot")
+        last = hole[0]
+        front[last] = hole[1]
 
 
 def buffer_value(kind: Any, data: Any) -> bytes | bytearray:
@@ -424,8 +443,8 @@ class PersistentLists:
         got = self._built.get(id(pid))
         if got is not None and got[0] is pid:
             return got[1]
-        if type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID:
-            obj: Any = join_segments(pid[1], pid[2])
+        if type(pid) is tuple and len(pid) in (3, 4) and pid[0] == SEGMENTS_PID:
+            obj: Any = join_segments(*pid[1:])
         elif type(pid) is tuple and len(pid) == 3 and pid[0] == BUFFER_PID:
             obj = buffer_value(pid[1], pid[2])
         else:

@@ -56,7 +56,7 @@ from ._allowlist import (
 from ._api import _deep_recursion
 from .. import errors
 from ._framed import is_framed, unframe
-from ._records import BUFFER_PID, SEGMENTS_PID, buffer_value, is_blob
+from ._records import BUFFER_PID, SEGMENTS_PID, buffer_value, fill_holes, is_blob
 from ._standins import CLOUDPICKLE, RECORDS
 from ._views import (
     AwareView,
@@ -109,9 +109,10 @@ class _Globals:
                     value = self.stub("", "persistent id", unbuilt=True, why="not a value tcc wrote")()
             built[id(pid)] = (pid, value)
             return value
-        if nested or not (type(pid) is tuple and len(pid) == 3 and pid[0] == SEGMENTS_PID
+        if nested or not (type(pid) is tuple and len(pid) in (3, 4) and pid[0] == SEGMENTS_PID
                           and type(pid[1]) is tuple and type(pid[2]) is list
-                          and all(is_blob(b) for b in pid[1])):
+                          and all(is_blob(b) for b in pid[1])
+                          and (len(pid) == 3 or type(pid[3]) is tuple)):
             return self.stub("", "persistent id", unbuilt=True, why="not a list tcc wrote")()
         front: list[Any] = []
         for blob in pid[1]:
@@ -130,6 +131,11 @@ class _Globals:
                 front.extend(part)
             else:
                 front.append(self.stub("", "list segment", unbuilt=True, why="unreadable")())
+        if len(pid) == 4:
+            try:
+                fill_holes(front, pid[3])
+            except errors.CorruptSnapshotError:
+                front.append(self.stub("", "list segment holes", unbuilt=True, why="unreadable")())
         tail = pid[2]
         tail[0:0] = front
         built[id(pid)] = (pid, tail)

@@ -14,7 +14,8 @@ segments, which every checkpoint walks, low.  A segment's pickle of at least
 The list is handed to the cache by the pickler's
 ``persistent_id`` (``tcc._native.SegmentHook``: one C call per object, which passes on
 only long lists; the C pickler gives lists to no other hook), and written as the
-persistent id ``("tcc:segments", blobs, tail)``; loading rebuilds one list from it
+persistent id ``("tcc:segments", blobs, tail)``, or ``("tcc:segments", blobs, tail,
+holes)`` when segments left items out (below); loading rebuilds one list from it
 (:func:`tcc.capture._records.join_segments`), the same list for every reference to it.
 
 A segment is reused only when it stands for exactly what is in the list now, decided
@@ -26,8 +27,8 @@ without reading any item's contents (``tcc._native.segment_unchanged``):
   tuples of those -- or an exact ``dict`` of ``str`` keys and such values that has
   not changed since the segment was recorded;
 * nothing but the list (and the cache) holds such a dict: a dict that is also a local,
-  or in another list, would be rebuilt as a copy, so its segment is pickled normally
-  with the rest of the state, where the pickler's memo keeps the sharing.
+  or in another list, would be rebuilt as a copy, so the segment leaves it out (a hole,
+  below).
 
 How "not changed" and "held by nothing else" are known depends on the interpreter:
 
@@ -40,10 +41,16 @@ How "not changed" and "held by nothing else" are known depends on the interprete
   also reports every watched dict it meets elsewhere in the state (one C test per
   dict), and a dump in which a dict of a reused segment was also pickled outside it is
   done again with that segment dropped (:meth:`Dump.conflicts`); the segment is then
-  recorded anew only if the dict is no longer shared (its reference count).
+  recorded anew with the dict as a hole (found by its reference count,
+  ``segment_shared``).  Holes are not watched: the pickler meets them in the stream.
 
-Anything else -- a list of objects, of lists, of dicts holding lists, a list shorter
-than ``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see:
+An item that fails these tests -- a dict also held by a local or another list (a system
+prompt kept in a variable), a list, an object -- is a *hole*: its segment pickles ``None``
+in its place and the item itself goes into the persistent id's ``holes``, ``(position,
+item)`` pairs pickled with the rest of the state at every dump, where the pickler's memo
+keeps the sharing; it is only compared by identity when the segment is reused.  A segment
+takes at most one hole in ``MAX_HOLES_PER`` items.  Anything else -- a list of objects, of
+lists, of dicts holding lists, a list shorter than ``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see:
 equal strings (and other immutable values) in different segments come back as equal
 objects that may not be identical (``is``), as after any copy.
 """
@@ -65,6 +72,7 @@ SEGMENT_MIN_BYTES = 8 << 10  # a segment's pickle this long goes out of band; a 
 # is copied into the stream (a store handles each out-of-band piece on its own, at every
 # checkpoint: many small ones cost more than copying them)
 MAX_LISTS = 128  # lists remembered per cache (least recently pickled ones are forgotten)
+MAX_HOLES_PER = 8  # a segment may leave out one item in this many (at least one item)
 _INELIGIBLE = object()
 _NONE = type(None)
 
@@ -101,15 +109,17 @@ def layout(n: int) -> list[tuple[int, int]]:
 
 
 class _Segment:
-    __slots__ = ("items", "versions", "blob", "token", "failures")
+    __slots__ = ("items", "versions", "blob", "token", "failures", "holes")
 
     def __init__(self, items: tuple[Any, ...], versions: tuple[Any, ...], blob: bytes,
-                 token: bytearray | None = None, failures: int = 0) -> None:
+                 token: bytearray | None = None, failures: int = 0,
+                 holes: tuple[int, ...] = ()) -> None:
         self.items = items
         self.versions = versions  # what segment_unchanged checks: None for a watched dict
         self.blob = blob
         self.token = token  # watched dicts (3.12+): token[0] is set by their first change
         self.failures = failures  # native().watch_failures() when it was recorded
+        self.holes = holes  # indices of the items the blob leaves out (None in their place)
 
     def clean(self, failures: int) -> bool:
         """Whether no watched dict of the segment has changed (after the pointer test)."""
@@ -123,11 +133,16 @@ class _Segment:
         token = self.token
         if token is not None:
             token[0] = 1
-            native().dict_unwatch(self.items, token)
+            native().dict_unwatch(self.items, token)  # (only what this token watches)
             self.token = None
 
 
 _EMPTY = _Segment((), (), b"")
+
+
+# what SegmentCache._reduce gives for a list it cuts: the segments' pickles, the tail (a new
+# list), the tokens of the segments' watched dicts, and the holes as (position, item)
+_Reduced = tuple[tuple[bytes, ...], list[Any], list[bytearray], tuple[tuple[int, Any], ...]]
 
 
 class SegmentCache:
@@ -145,16 +160,29 @@ class SegmentCache:
         if len(items) != size:  # the list shrank meanwhile (another thread)
             return None
         nat = native()
+        # The holes: items the segment cannot stand for -- a dict something else also holds
+        # (it would come back as a copy), anything that is neither immutable nor a flat dict
+        # -- pickled with the rest of the state at every dump instead, a few at most.
+        holes = tuple(sorted({i for i, item in enumerate(items) if _version(item) is _INELIGIBLE}
+                             .union(nat.segment_shared(lst, start, items))))
+        if len(holes) > max(1, size // MAX_HOLES_PER):
+            return None
         token: bytearray | None = None
         failures = 0
-        if any(type(item) is dict for item in items):
+        watched = tuple(item for i, item in enumerate(items)
+                        if type(item) is dict and i not in holes)
+        if watched:
             # watched before it is read (3.12+): a change from here on marks the token
+            # (watching changes a dict's version tag); not the holes, which the pickler
+            # meets in the stream
             token, failures = bytearray(1), nat.watch_failures()
-            if not nat.dict_watch(items, token):  # 3.11, or no watcher slot left
+            if not nat.dict_watch(watched, token):  # 3.11, or no watcher slot left
                 token = None
-        versions = tuple(_version(item) for item in items)
-        # the test a later checkpoint applies on 3.11: in particular, no dict among the
-        # items is held by anything but the list and ``items``
+        del watched  # (it holds the dicts: the reference counts below must not see it)
+        versions = tuple(None if i in holes else _version(item) for i, item in enumerate(items))
+        # the test a later checkpoint applies on 3.11, now: nothing but the holes changed
+        # kind since they were chosen, and no other dict is held by anything but the list
+        # and ``items`` (the holes are only compared by identity)
         if any(v is _INELIGIBLE for v in versions) \
                 or not nat.segment_unchanged(lst, start, items, versions):
             if token is not None:
@@ -162,20 +190,23 @@ class SegmentCache:
             return None
         if token is not None:
             versions = (None,) * len(items)  # later: compare pointers, read the token
-        segment = _Segment(items, versions, pickle.dumps(list(items), protocol=5), token, failures)
+        body = list(items)
+        for i in holes:
+            body[i] = None
+        segment = _Segment(items, versions, pickle.dumps(body, protocol=5), token, failures, holes)
         if not segment.clean(failures):  # changed while it was read (another thread)
             segment.release()
             return None
         self.written += 1
         return segment
 
-    def _reduce(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any], list[bytearray]] | None:
+    def _reduce(self, lst: list[Any]) -> _Reduced | None:
         if len(lst) < MIN_ITEMS:
             return None
         with self._lock:  # one cache may serve dumps on several threads
             return self._reduce_locked(lst)
 
-    def _reduce_locked(self, lst: list[Any]) -> tuple[tuple[bytes, ...], list[Any], list[bytearray]] | None:
+    def _reduce_locked(self, lst: list[Any]) -> _Reduced | None:
         nat = native()
         entry = self._lists.pop(id(lst), None)
         if entry is not None and entry[0] is not lst:  # another list at a reused address
@@ -193,7 +224,13 @@ class SegmentCache:
         while len(self._lists) > MAX_LISTS:
             _release_all(self._lists.pop(next(iter(self._lists)))[1])
         tokens = [s.token for s in segments if s.token is not None]
-        return tuple(s.blob for s in segments), lst[end:], tokens
+        holes: list[tuple[int, Any]] = []
+        pos = 0
+        for seg in segments:
+            if seg.holes:
+                holes.extend((pos + i, seg.items[i]) for i in seg.holes)
+            pos += len(seg.items)
+        return tuple(s.blob for s in segments), lst[end:], tokens, tuple(holes)
 
     def _walk(self, lst: list[Any], segments: list[_Segment], nat: Any) -> int:
         """Bring ``segments`` (the list's, from the previous dump) up to date with ``lst``:
@@ -301,10 +338,12 @@ class Dump:
             if reduced is None:
                 pid = None
             else:
-                blobs, tail, tokens = reduced
+                blobs, tail, tokens, holes = reduced
                 self._reused.update((id(t), t) for t in tokens)
                 self._blobs.update(id(b) for b in blobs)
                 pid = (SEGMENTS_PID, tuple(pickle.PickleBuffer(b) for b in blobs), tail)
+                if holes:  # pickled here, with the rest of the state (join_segments)
+                    pid += (holes,)
                 self.pids[id(tail)] = (tail, None)
         else:  # bytes or bytearray of at least MIN_BYTES (the hook passes nothing else)
             pid = (BUFFER_PID, type(obj).__name__, pickle.PickleBuffer(obj))
