@@ -190,6 +190,24 @@ def test_a_system_prompt_held_in_a_local_leaves_the_rest_of_the_transcript_reuse
     assert safe_loads(payload)["transcript"] == transcript
 
 
+def test_the_message_just_appended_and_still_in_a_local_does_not_become_a_hole():
+    """An agent appends its newest reply while a local still holds it.  When that reply
+    completes a segment, the segment waits a step (the tail pickles it) instead of leaving
+    the reply out for as long as the segment lives; a hole whose dict is no longer shared
+    is recorded back into its segment."""
+    cache = SegmentCache()
+    transcript = _messages(63)
+    for step in range(70):
+        reply = {"role": "assistant", "content": f"reply {step}"}
+        transcript.append(reply)
+        state = {"t": transcript, "reply": reply}
+        restored = _load(_dump(state, cache))
+        assert restored == state and restored["reply"] is restored["t"][-1]
+        segments = cache._lists[id(transcript)][1]
+        assert not any(seg.holes for seg in segments), step
+    assert _covered(cache, transcript) == len(transcript) - len(transcript) % 32
+
+
 def test_items_a_segment_cannot_stand_for_are_left_out_one_in_eight_at_most():
     """A list in a transcript, or a bytearray, is pickled with the state at every dump (its
     segment leaves it out); a list where more than one item in eight is such is pickled whole,
@@ -545,9 +563,11 @@ def test_a_message_held_elsewhere_and_pickled_before_the_list_keeps_its_identity
     # the state); the segments after it are still reused
     assert cache.written == written + 1
     assert _segments.layout(600) == [(0, 256), (256, 256), (512, 32), (544, 32)]
-    del state["held"]  # no longer shared: it stays a hole until its segment is recorded again
+    del state["held"]  # no longer shared: the segment is recorded again, without the hole
     restored = _load(_dump(state, cache))
-    assert restored == state and cache.written == written + 1
+    assert restored == state and cache.written == written + 2
+    restored = _load(_dump(state, cache))
+    assert restored == state and cache.written == written + 2
 
 
 def test_a_message_in_two_long_lists_keeps_its_identity():

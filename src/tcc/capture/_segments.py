@@ -49,7 +49,9 @@ prompt kept in a variable), a list, an object -- is a *hole*: its segment pickle
 in its place and the item itself goes into the persistent id's ``holes``, ``(position,
 item)`` pairs pickled with the rest of the state at every dump, where the pickler's memo
 keeps the sharing; it is only compared by identity when the segment is reused.  A segment
-takes at most one hole in ``MAX_HOLES_PER`` items.  Anything else -- a list of objects, of
+takes at most one hole in ``MAX_HOLES_PER`` items.  A segment whose shared dict is no
+longer shared is recorded again without that hole, and a span at the end of the list with
+a shared dict (the message just appended, still in a local) waits a step as the tail.  Anything else -- a list of objects, of
 lists, of dicts holding lists, a list shorter than ``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see:
 equal strings (and other immutable values) in different segments come back as equal
 objects that may not be identical (``is``), as after any copy.
@@ -109,17 +111,18 @@ def layout(n: int) -> list[tuple[int, int]]:
 
 
 class _Segment:
-    __slots__ = ("items", "versions", "blob", "token", "failures", "holes")
+    __slots__ = ("items", "versions", "blob", "token", "failures", "holes", "shared")
 
     def __init__(self, items: tuple[Any, ...], versions: tuple[Any, ...], blob: bytes,
                  token: bytearray | None = None, failures: int = 0,
-                 holes: tuple[int, ...] = ()) -> None:
+                 holes: tuple[int, ...] = (), shared: tuple[int, ...] = ()) -> None:
         self.items = items
         self.versions = versions  # what segment_unchanged checks: None for a watched dict
         self.blob = blob
         self.token = token  # watched dicts (3.12+): token[0] is set by their first change
         self.failures = failures  # native().watch_failures() when it was recorded
         self.holes = holes  # indices of the items the blob leaves out (None in their place)
+        self.shared = shared  # those of them that are dicts left out only for being shared
 
     def clean(self, failures: int) -> bool:
         """Whether no watched dict of the segment has changed (after the pointer test)."""
@@ -163,9 +166,12 @@ class SegmentCache:
         # The holes: items the segment cannot stand for -- a dict something else also holds
         # (it would come back as a copy), anything that is neither immutable nor a flat dict
         # -- pickled with the rest of the state at every dump instead, a few at most.
-        holes = tuple(sorted({i for i, item in enumerate(items) if _version(item) is _INELIGIBLE}
-                             .union(nat.segment_shared(lst, start, items))))
-        if len(holes) > max(1, size // MAX_HOLES_PER):
+        odd = {i for i, item in enumerate(items) if _version(item) is _INELIGIBLE}
+        shared = tuple(i for i in nat.segment_shared(lst, start, items) if i not in odd)
+        holes = tuple(sorted(odd.union(shared)))
+        if len(holes) > max(1, size // MAX_HOLES_PER) or (shared and start + size == len(lst)):
+            # too many; or a shared dict at the end of the list, most likely the message
+            # just appended and still in a local: the span waits a step, as the tail
             return None
         token: bytearray | None = None
         failures = 0
@@ -193,7 +199,8 @@ class SegmentCache:
         body = list(items)
         for i in holes:
             body[i] = None
-        segment = _Segment(items, versions, pickle.dumps(body, protocol=5), token, failures, holes)
+        segment = _Segment(items, versions, pickle.dumps(body, protocol=5), token, failures, holes,
+                           shared)
         if not segment.clean(failures):  # changed while it was read (another thread)
             segment.release()
             return None
@@ -246,7 +253,8 @@ class SegmentCache:
                     # from here covered what this span now covers, and hold its dicts
                     _release_all(segments[k:])
                     del segments[k:]
-                elif check(lst, start, seg.items, seg.versions) and seg.clean(failures):
+                elif check(lst, start, seg.items, seg.versions) and seg.clean(failures) \
+                        and not (seg.shared and _unshared(nat, lst, start, seg)):
                     self.reused += 1
                     continue
                 else:
@@ -281,6 +289,13 @@ class SegmentCache:
                 _release_all(segments)
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to watch
             pass
+
+
+def _unshared(nat: Any, lst: list[Any], start: int, seg: _Segment) -> bool:
+    """Whether a dict the segment left out for being shared is no longer shared: the segment
+    is then recorded again, with it (a hole costs a pickle at every dump)."""
+    still = nat.segment_shared(lst, start, seg.items)
+    return any(i not in still for i in seg.shared)
 
 
 def _release_all(segments: list[_Segment]) -> None:
