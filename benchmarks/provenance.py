@@ -141,18 +141,30 @@ def end(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def figures(record: dict[str, Any]) -> dict[str, str]:
+    """The measured figures of ``record`` as ``describe`` prints them, those it has:
+    ``fsync`` (ms, median), ``load_before`` and ``load_after`` (one-minute load average)."""
+    found: dict[str, str] = {}
+    fsync = (record.get("fsync") or {}).get("median_s")
+    if fsync is not None:
+        found["fsync"] = f"{fsync * 1e3:.2f}"
+    before, after = record.get("loadavg_before"), record.get("loadavg_after")
+    if before and after:
+        found["load_before"], found["load_after"] = f"{before[0]:.2f}", f"{after[0]:.2f}"
+    return found
+
+
 def describe(record: dict[str, Any] | None) -> str:
     """One line for a rendered table's header."""
     if not record:
         return "provenance not recorded (an older raw file)"
     sha = (record.get("git_sha") or "unknown")[:12] + (" (dirty)" if record.get("git_dirty") else "")
     fs = record.get("file_system") or {}
-    fsync = (record.get("fsync") or {}).get("median_s")
-    before, after = record.get("loadavg_before"), record.get("loadavg_after")
-    load = (f"load {before[0]:.2f} → {after[0]:.2f}" if before and after else "load unknown")
+    shown = figures(record)
     parts = [f"commit {sha}", f"Linux {record.get('kernel')}",
              f"{fs.get('type') or '?'} file system"]
-    if fsync is not None:
-        parts.append(f"fsync {fsync * 1e3:.2f} ms median")
-    parts.append(load)
+    if "fsync" in shown:
+        parts.append(f"fsync {shown['fsync']} ms median")
+    parts.append(f"load {shown['load_before']} → {shown['load_after']}" if "load_after" in shown
+                 else "load unknown")
     return ", ".join(parts)

@@ -6,7 +6,9 @@ Writes ``results.md`` (every table of the paper) and ``*.png`` (figures, when
 matplotlib is installed) into ``paper/generated/`` for a ``full`` run, else into
 ``benchmarks/results/<raw file's name>/`` (``--out`` chooses), and, for a ``full``
 run rendered into the paper, the summary table between the markers in
-``benchmarks/README.md``.  Every number is a median over interleaved repetitions,
+``benchmarks/README.md`` and the paper, ``paper/tcc.md``, from its template
+``paper/tcc.in.md`` (``benchmarks/paper.py``; the raw file is copied to ``paper/data/``,
+where the paper cites it).  Every number is a median over interleaved repetitions,
 with its spread (max-min)/2, and a ratio against the continuation strategy measured
 in the same session; the header names the commit, kernel, file system, fsync cost and
 load the raw file recorded (``benchmarks/provenance.py``).
@@ -38,6 +40,21 @@ def spread(xs: list[float]) -> float:
 
 def ms(x: float) -> str:
     return f"{x * 1e3:,.2f}"
+
+
+def count(x: float) -> str:
+    """A count: bytes, steps, seconds (``6,119,424``)."""
+    return f"{x:,.0f}"
+
+
+def times(x: float, places: int = 2) -> str:
+    """A ratio printed without an interval (``1.66×``)."""
+    return f"{x:.{places}f}×"
+
+
+def share(x: float) -> str:
+    """A fraction of run time (``0.0054``)."""
+    return f"{x:.4f}"
 
 
 BOOTSTRAP = 2000  # resamples per interval
@@ -78,7 +95,7 @@ def ratio_cell(xs: list[float], ys: list[float]) -> str:
     1 (the two differ at this confidence; otherwise no difference is claimed).  With fewer
     than ``MIN_FOR_INTERVAL`` repetitions on either side: the ratio alone, nothing called."""
     if min(len(xs), len(ys)) < MIN_FOR_INTERVAL:
-        return f"{med(xs) / med(ys):.2f}×"
+        return times(med(xs) / med(ys))
     lo, hi = ratio_ci95(xs, ys)
     mark = "*" if hi < 1 or lo > 1 else ""
     return f"{med(xs) / med(ys):.2f}×{mark} [{lo:.2f}–{hi:.2f}]"
@@ -127,7 +144,7 @@ def bare_interpreter_lines(raw: dict[str, Any]) -> list[str]:
              "|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: regime_order(r["regime"], r["n"])):
         bare = med(r["bare_interpreter_s"])
-        lines.append(f"| {regime_label(r['regime'])} | {r['n']:,} | {ms(bare)} | {med(r['whole_process_s']) / bare:.1f}× |")
+        lines.append(f"| {regime_label(r['regime'])} | {r['n']:,} | {ms(bare)} | {times(med(r['whole_process_s']) / bare, 1)} |")
     return lines
 
 
@@ -142,13 +159,10 @@ def in_place_lines(raw: dict[str, Any]) -> list[str]:
             "recover fresh copies of them in turn).", "", *recovery_table(raw, "in_place_whole_s"), ""]
 
 
-def peer_table(raw: dict[str, Any]) -> list[str]:
-    """Recovery of every system in the same children (newer raw files: tcc is a peer row,
-    measured exactly as the others); older raw files compare against the harness's own
-    in-process tcc numbers, which the table then says."""
-    if not raw.get("peers"):
-        return ["(no peers installed in this run)"]
-    ref: dict[tuple[str, int, str], dict[str, list[float]]] = {}
+def peer_reference(raw: dict[str, Any]) -> tuple[bool, dict[tuple[str, int, str], dict[str, Any]]]:
+    """The tcc row each peer row is divided by, by (regime, N, cache), and whether it was
+    measured as a peer (newer raw files) rather than taken from the harness's own rows."""
+    ref: dict[tuple[str, int, str], dict[str, Any]] = {}
     fair = any(row["peer"] == "tcc" for row in raw["peers"])
     if fair:
         for row in raw["peers"]:
@@ -158,6 +172,16 @@ def peer_table(raw: dict[str, Any]) -> list[str]:
         for row in raw["recovery"]:
             if row["strategy"] == "continuation":
                 ref[(row["regime"], row["n"], "warm")] = row
+    return fair, ref
+
+
+def peer_table(raw: dict[str, Any]) -> list[str]:
+    """Recovery of every system in the same children (newer raw files: tcc is a peer row,
+    measured exactly as the others); older raw files compare against the harness's own
+    in-process tcc numbers, which the table then says."""
+    if not raw.get("peers"):
+        return ["(no peers installed in this run)"]
+    fair, ref = peer_reference(raw)
     lines = [
         "| system | regime | cache | N | in-process (ms) | whole process (ms) | of which imports (ms) "
         "| in-process / tcc | whole / tcc | per-step overhead (ms) | storage at the crash (bytes) |",
@@ -175,7 +199,7 @@ def peer_table(raw: dict[str, Any]) -> list[str]:
             f"| {row['peer']} {row.get('version', '')} | {regime} | {cache} | {n:,} | {ms_ci(pi)} | {ms_ci(pw)} "
             f"| {ms(med(imports)) if imports else '—'} | {ratio_i} | {ratio_w} "
             f"| {row.get('per_step_overhead_s', float('nan')) * 1e3:.2f} "
-            f"| {int(row.get('storage_bytes_at_crash', row.get('storage_bytes', 0))):,} |"
+            f"| {count(int(row.get('storage_bytes_at_crash', row.get('storage_bytes', 0))))} |"
         )
         excl = row.get("breakdown_s", {}).get("in_process_excl_poll_s")
         if excl:
@@ -207,9 +231,9 @@ def checkpoint_table(raw: dict[str, Any]) -> list[str]:
     ]
     for row in raw["checkpoint"]:
         lines.append(
-            f"| {row['state_bytes']:,} B | {row['snapshot_bytes']:,} | {ms(med(row['step_s_continuation']))} "
+            f"| {count(row['state_bytes'])} B | {count(row['snapshot_bytes'])} | {ms(med(row['step_s_continuation']))} "
             f"| {ms(med(row['step_s_journal_only']))} | {ms(row['checkpoint_overhead_s'])} "
-            f"| {ms(row['raw_lmdb_commit_s'])} | {row['ratio_vs_raw']:.2f}× |"
+            f"| {ms(row['raw_lmdb_commit_s'])} | {times(row['ratio_vs_raw'])} |"
         )
     marginal = any("raw_commit_with_s" in row for row in raw["checkpoint"])
     return lines + ["", "The agent rewrites one 128-byte element of its state per step. Overhead: the "
@@ -248,8 +272,8 @@ def steady_table(raw: dict[str, Any]) -> list[str]:
         size = int(row["regime"].split(":")[1])
         lines += ["", "| held unchanged `bytes` | N | with it (ms/step) | without it (ms/step) | ratio |",
                   "|---|---|---|---|---|",
-                  f"| {size / (1 << 20):,.0f} MiB | {row['n']:,} | {ms(with_it)} | {ms(plain)} "
-                  f"| {with_it / plain:.2f}× |"]
+                  f"| {count(size / (1 << 20))} MiB | {row['n']:,} | {ms(with_it)} | {ms(plain)} "
+                  f"| {times(with_it / plain)} |"]
     return lines
 
 
@@ -289,8 +313,8 @@ def bytes_table(raw: dict[str, Any]) -> list[str]:
         cases.setdefault((row["regime"], row["n"]), {})[row["strategy"]] = row["bytes_per_step"]
     for (regime, n), by in sorted(cases.items(), key=lambda kv: regime_order(*kv[0])):
         lines.append(
-            f"| {regime_label(regime)} | {n:,} | {by.get('continuation', 0):,.0f} | {by.get('hybrid', 0):,.0f} "
-            f"| {by.get('replay', 0):,.0f} |"
+            f"| {regime_label(regime)} | {n:,} | {count(by.get('continuation', 0))} | {count(by.get('hybrid', 0))} "
+            f"| {count(by.get('replay', 0))} |"
         )
     return lines
 
@@ -300,14 +324,14 @@ def young_daly_table(raw: dict[str, Any]) -> list[str]:
     lines = [
         f"Checkpoint cost C = {ms(yd['checkpoint_s'])} ms per snapshot, step time = {ms(yd['step_s'])} ms, "
         f"assumed MTBF = {yd['mtbf_s']:.0f} s: Young-Daly interval "
-        f"sqrt(2·C·MTBF) = **{yd['k_opt']:.0f} steps**; best measured K = **{yd['best_measured_k']}**.",
+        f"sqrt(2·C·MTBF) = **{count(yd['k_opt'])} steps**; best measured K = **{yd['best_measured_k']}**.",
         "",
         "| K | step time (ms) | recovery, crash mid-interval (ms) | expected overhead |",
         "|---|---|---|---|",
     ]
     for r in yd["sweep"]:
         lines.append(
-            f"| {r['k']} | {ms(r['step_s'])} | {ms(med(r['recovery_s']))} | {r['expected_overhead']:.4f} |"
+            f"| {r['k']} | {ms(r['step_s'])} | {ms(med(r['recovery_s']))} | {share(r['expected_overhead'])} |"
         )
     return lines
 
@@ -364,17 +388,22 @@ def figures(raw: dict[str, Any], log: Callable[[str], None], target: pathlib.Pat
 
 
 def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
-           out: pathlib.Path | None = None, readme: bool = False) -> None:
+           out: pathlib.Path | None = None, readme: bool = False, source: pathlib.Path | None = None) -> None:
     """Render ``raw`` into ``out`` (default ``paper/generated/``); ``readme``: also the
-    summary between the markers of ``benchmarks/README.md`` (the published numbers)."""
+    summary between the markers of ``benchmarks/README.md`` (the published numbers) and
+    ``paper/tcc.md`` from its template, citing ``source``, the raw file, which it needs.
+    Raises ``paper.PaperError`` (after writing the tables) when the template does not
+    render: a claim of its prose that the new numbers make false, or an unknown name."""
     from benchmarks.provenance import describe
 
+    if readme and source is None:
+        raise ValueError("rendering into the paper needs the raw file (source=) for it to cite")
     target = GENERATED if out is None else out
     target.mkdir(parents=True, exist_ok=True)
     made = figures(raw, log, target)
     order = f" (order seed {raw['order_seed']})" if "order_seed" in raw else ""
     header = (f"Profile `{raw['profile']}`, Python {raw['python']}, {raw['cpus']} CPUs, "
-              f"{raw['elapsed_s']:.0f} s; {describe(raw.get('provenance'))}. Medians over "
+              f"{count(raw['elapsed_s'])} s; {describe(raw.get('provenance'))}. Medians over "
               f"interleaved repetitions{order}: recovery and step-cost tables give the 95% "
               "bootstrap interval of each median [low–high] and of each ratio (`*`: the interval "
               f"excludes 1, so the two differ; without it no difference is claimed) when there are "
@@ -410,18 +439,29 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
         text = text[: text.index(BEGIN)] + "\n".join(summary) + text[text.index(END) + len(END):]
     BENCH_README.write_text(text)
     log(f"rendered {target / 'results.md'} and {BENCH_README}")
+    from benchmarks import paper
+
+    assert source is not None
+    paper.publish(raw, source, log)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render a recovery benchmark's raw JSON.")
     parser.add_argument("raw", type=pathlib.Path, help="a benchmarks/results/recovery-*.json file")
     parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="where to write (default: paper/generated/ and benchmarks/README.md "
-                             "for a full run, else a folder named after the raw file)")
+                        help="where to write (default: paper/generated/, benchmarks/README.md and "
+                             "paper/tcc.md for a full run, else a folder named after the raw file)")
     args = parser.parse_args(argv)
     raw = json.loads(args.raw.read_text())
     publish = args.out is None and raw.get("profile") == "full"
-    render(raw, out=args.out or (None if publish else args.raw.with_suffix("")), readme=publish)
+    from benchmarks.paper import PaperError
+
+    try:
+        render(raw, out=args.out or (None if publish else args.raw.with_suffix("")), readme=publish,
+               source=args.raw)
+    except PaperError as exc:
+        print(f"paper/tcc.md not rendered: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

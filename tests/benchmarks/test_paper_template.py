@@ -1,0 +1,187 @@
+"""The paper is rendered from its template (``paper/tcc.in.md``) and the raw file it cites:
+the committed ``paper/tcc.md`` is exactly that rendering, its figures follow the raw data,
+and a claim of its prose that the data stops supporting stops the render."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import pathlib
+import re
+from typing import Any, Callable
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+paper = importlib.import_module("benchmarks.paper")
+report = importlib.import_module("benchmarks.report")
+
+
+def _cited() -> pathlib.Path:
+    """The raw file §5 of the committed paper names."""
+    text = paper.PAPER.read_text()
+    section = text[text.index("## 5. Results"):text.index("![recovery vs N]")]
+    (name,) = set(re.findall(r"`data/(recovery-full-[\d-]+\.json)`", section))
+    cited: pathlib.Path = paper.DATA / name
+    return cited
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(_cited().read_text())
+    return data
+
+
+def _row(raw: dict[str, Any], **match: Any) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = [r for r in raw["recovery"] if all(r[k] == v for k, v in match.items())]
+    (row,) = rows
+    return row
+
+
+def _peer(raw: dict[str, Any], peer: str, cache: str = "warm") -> dict[str, Any]:
+    rows: list[dict[str, Any]] = [r for r in raw["peers"] if r["peer"] == peer
+                                  and r["regime_label"] == "const" and r["condition"] == cache]
+    (row,) = rows
+    return row
+
+
+def test_the_committed_paper_is_its_template_rendered_from_the_raw_file_it_cites(raw: dict[str, Any]) -> None:
+    template = paper.TEMPLATE.read_text()
+    assert template.count("{{") > 100 and "{{ check:" in template  # figures are placeholders
+    assert paper.paper_text(raw, _cited().name) == paper.PAPER.read_text(), (
+        "paper/tcc.md is not paper/tcc.in.md rendered: edit the template and run "
+        f"python -m benchmarks.report {_cited().relative_to(ROOT)}")
+
+
+def test_every_claim_is_checked_by_the_template() -> None:
+    used = set(re.findall(r"\{\{\s*check:\s*([\w./]+)\s*\}\}", paper.TEMPLATE.read_text()))
+    assert used == set(paper.CLAIMS)
+
+
+def test_a_changed_figure_in_the_raw_file_changes_the_prose(raw: dict[str, Any]) -> None:
+    changed = copy.deepcopy(raw)
+    replay = _row(changed, regime="work", n=10000, strategy="replay")
+    replay["in_process_s"] = [x * 1.5 for x in replay["in_process_s"]]
+    _peer(changed, "langgraph")["storage_bytes_at_crash"] = 7654321.0
+    changed["provenance"]["git_sha"] = "abcdef0" + "0" * 33
+    cont = _row(changed, regime="work", n=10000, strategy="continuation")["in_process_s"]
+    before = paper.paper_text(raw, "before.json")
+    after = paper.paper_text(changed, "after.json")
+
+    cell = report.ratio_cell(replay["in_process_s"], cont)  # as the table prints it
+    assert f"**{cell}**" in after and f"**{cell}**" not in before
+    assert cell in "\n".join(report.recovery_table(changed, "in_process_s"))
+    assert f"{report.ms(report.med(replay['in_process_s']))} ms against" in after
+    assert "LangGraph 7,654,321." in after and "LangGraph 6,119,424." in before
+    assert "commit\n`abcdef0`" in after and "`data/after.json`" in after
+    assert "with a clean tree" in before
+
+
+ClaimBreaker = Callable[[dict[str, Any]], None]
+
+
+def _slower_langgraph(raw: dict[str, Any]) -> None:
+    row = _peer(raw, "langgraph", "cold")
+    row["in_process_s"] = [x * 3 for x in row["in_process_s"]]
+
+
+def _faster_replay(raw: dict[str, Any]) -> None:
+    row = _row(raw, regime="work", n=10000, strategy="replay")
+    row["in_process_s"] = [x / 10 for x in row["in_process_s"]]
+
+
+def _unflat(raw: dict[str, Any]) -> None:
+    row = _row(raw, regime="const", n=10000, strategy="continuation")
+    row["in_process_s"] = [x * 2 for x in row["in_process_s"]]
+
+
+def _dearer_steps(raw: dict[str, Any]) -> None:
+    for row in raw["step_costs"]:
+        if row["system"] == "tcc continuation" and row["regime"] == "mutate" and row["n"] == 100:
+            row["mean_step_s"] = [x * 3 for x in row["mean_step_s"]]
+
+
+@pytest.mark.parametrize(("claim", "breaker"), [
+    ("langgraph_faster_in_process", _slower_langgraph),
+    ("goal2_met_in_process", _faster_replay),
+    ("const_flat", _unflat),
+    ("no_difference_langgraph_mutate_100", _dearer_steps),
+])
+def test_a_claim_the_data_no_longer_supports_stops_the_render(raw: dict[str, Any], claim: str,
+                                                            breaker: ClaimBreaker) -> None:
+    assert paper.CLAIMS[claim](raw)[0]
+    broken = copy.deepcopy(raw)
+    breaker(broken)
+    assert not paper.CLAIMS[claim](broken)[0]
+    with pytest.raises(paper.PaperError, match=rf"the claim '{claim}' does not hold in broken\.json") as info:
+        paper.paper_text(broken, "broken.json")
+    assert re.search(r"paper/tcc\.in\.md:\d+", str(info.value))  # where the sentence is
+
+
+def test_an_unknown_or_malformed_placeholder_stops_the_render(raw: dict[str, Any]) -> None:
+    with pytest.raises(paper.PaperError, match=r"tcc\.in\.md:2: unknown placeholder \{\{ in\.const\.7\.cont \}\}"):
+        paper.fill("fine: {{ in.const.10.cont }}\n{{ in.const.7.cont }}\n", raw, "x.json")
+    with pytest.raises(paper.PaperError, match="unknown claim 'paper_is_good'"):
+        paper.fill("{{ check: paper_is_good }}", raw, "x.json")
+    with pytest.raises(paper.PaperError, match="is not a placeholder"):
+        paper.fill("{{ __import__('os') }}", raw, "x.json")
+    with pytest.raises(paper.PaperError, match="an unmatched '{{'"):
+        paper.fill("{{ python }} and {{ python", raw, "x.json")
+    assert paper.fill("{{ python }}{{ check: const_flat }}, {{python}}", raw, "x.json") == "3.12.1, 3.12.1"
+
+
+# Figures §5-§6 may state by hand: those of earlier raw files they name (to say what changed),
+# and the size of a message of §3's corpus.  Every other one is a placeholder.
+_BY_HAND = {
+    "3.4", "3.9",  # data/recovery-full-20261130-233257.json, the run §5 quoted before
+    "1.1",  # ... and its in-process ratio to LangGraph, which §5 called "met"
+    "1,232",  # ... and its work N = 10,000 ratio against replay
+    "1.7",  # ~1.7 KB per message (§3)
+    "1,000", "10,000",  # history lengths N
+}
+
+
+def test_no_figure_of_the_results_is_typed_into_the_template() -> None:
+    template = paper.TEMPLATE.read_text()
+    sections = template[template.index("## 5. Results"):template.index("## 7. Threats to validity")]
+    outside = re.sub(r"\{\{.*?\}\}", "", sections, flags=re.S)
+    figures = re.findall(r"(?<![\w.,])\d{1,3}(?:,\d{3})*(?:\.\d+)?(?![\d.])", outside)
+    typed = sorted({f for f in figures if ("." in f or "," in f) and f not in _BY_HAND})
+    assert typed == [], f"figures typed into §5-§6 of paper/tcc.in.md instead of placeholders: {typed}"
+    assert len(re.findall(r"\{\{\s*[\w./]+\s*\}\}", sections)) > 100  # they are placeholders
+    assert not re.search(r"\d\.\d\d", outside)
+
+
+def test_a_full_render_writes_the_paper_and_keeps_it_when_a_claim_fails(
+        raw: dict[str, Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(report, "GENERATED", tmp_path / "generated")
+    monkeypatch.setattr(report, "BENCH_README", tmp_path / "README.md")
+    monkeypatch.setattr(paper, "PAPER", tmp_path / "tcc.md")
+    monkeypatch.setattr(paper, "DATA", tmp_path / "data")
+    monkeypatch.setattr(report, "figures", lambda *args: [])  # no PNGs: not what is tested here
+    (tmp_path / "data").mkdir()
+    src = tmp_path / "recovery-full-1.json"
+    src.write_text(json.dumps(raw))
+
+    assert report.main([str(src)]) == 0
+    assert (tmp_path / "tcc.md").read_text() == paper.paper_text(raw, src.name)
+    assert (tmp_path / "data" / src.name).read_bytes() == src.read_bytes()  # where the paper cites it
+    assert (tmp_path / "generated" / "results.md").exists()
+
+    broken = copy.deepcopy(raw)
+    _slower_langgraph(broken)
+    src2 = tmp_path / "recovery-full-2.json"
+    src2.write_text(json.dumps(broken))
+    before = (tmp_path / "tcc.md").read_text()
+    assert report.main([str(src2)]) == 1
+    assert "langgraph_faster_in_process" in capsys.readouterr().err
+    assert (tmp_path / "tcc.md").read_text() == before  # the false sentence is not published
+
+    quick = copy.deepcopy(raw)
+    quick["profile"] = "quick"
+    src3 = tmp_path / "recovery-quick-3.json"
+    src3.write_text(json.dumps(quick))
+    assert report.main([str(src3)]) == 0
+    assert (tmp_path / "tcc.md").read_text() == before and not (tmp_path / "data" / src3.name).exists()
