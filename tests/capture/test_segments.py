@@ -230,6 +230,61 @@ def test_items_a_segment_cannot_stand_for_are_left_out_one_in_eight_at_most():
     assert crowded.written == 0
 
 
+class _Ref(tuple):
+    """A namedtuple-like item that refers back to the list holding it."""
+
+    def __new__(cls, name, target):
+        return super().__new__(cls, (name, target))
+
+    def __reduce__(self):
+        return (_Ref, tuple(self))
+
+
+def test_a_hole_that_leads_back_to_its_list_through_tuples_keeps_the_cycle(monkeypatch):
+    """Found by review: a hole is pickled inside the list's persistent id, a tuple, which the
+    pickler memoises only once written; a hole leading back to the list through tuples alone
+    (the list itself, a tuple or reduce holding it) met the unfinished id again and recursed
+    until the dump failed.  Later references now name the list's tail, memoised before the
+    holes, which loads as the very list being built."""
+    from tcc.capture import _api
+
+    made = []  # whether each pickler made had segments: never a fallback without them
+    new_pickler = _api._new_pickler
+    monkeypatch.setattr(_api, "_new_pickler", lambda buf, cut: (made.append(cut is not None),
+                                                                new_pickler(buf, cut))[1])
+    cache = SegmentCache()
+    lst = [f"item {i}" for i in range(300)]
+    lst[5] = lst
+    lst[270] = ("ref", lst)
+    a, b = _messages(100), _messages(100, 100)
+    a[3], b[3] = b, a
+    named = [f"n{i}" for i in range(100)]
+    named[10] = _Ref("see", named)
+    state = {"lst": lst, "a": a, "b": b, "named": named}
+    for _ in range(2):
+        restored = _load(_dump(state, cache))
+        r = restored["lst"]
+        assert r[5] is r and r[270][1] is r and r[299] == "item 299" and len(r) == 300
+        assert restored["a"][3] is restored["b"] and restored["b"][3] is restored["a"]
+        assert restored["named"][10] == ("see", restored["named"]) and restored["named"][10][1] is restored["named"]
+        shown = safe_loads(_dump(state, cache))
+        assert shown["lst"][5] is shown["lst"] and shown["a"][3] is shown["b"]
+    assert made and all(made) and cache.written >= 4 and cache.reused >= 4
+
+
+def test_a_dump_that_segments_cannot_write_is_made_without_them(monkeypatch):
+    """The safety net: a RecursionError while writing segments (no known case) makes the
+    dump once more without them, instead of failing the checkpoint."""
+    cache = SegmentCache()
+    state = {"t": _messages(200)}
+
+    def deep(lst):
+        raise RecursionError("as if the segments looped")
+
+    monkeypatch.setattr(cache, "_reduce", deep)
+    assert _load(_dump(state, cache)) == state
+
+
 def test_malformed_segment_holes_are_refused_not_filled():
     from tcc.capture._records import join_segments
 

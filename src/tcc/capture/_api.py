@@ -106,14 +106,21 @@ _SEGMENT_ATTEMPTS = 3
 
 
 def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes | memoryview, ...]:
-    for attempt in range(_SEGMENT_ATTEMPTS + 1):
+    attempt = 0
+    while attempt <= _SEGMENT_ATTEMPTS:
         buf = io.BytesIO()
         buf.write(prefix)
+        cut = segments if attempt < _SEGMENT_ATTEMPTS else None
         try:
             with _deep_recursion():
-                pickler = _new_pickler(buf, segments if attempt < _SEGMENT_ATTEMPTS else None)
+                pickler = _new_pickler(buf, cut)
                 pickler.dump(obj)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
+            if cut is not None and (isinstance(exc, RecursionError)  # (cloudpickle wraps it)
+                                    or isinstance(exc.__cause__, RecursionError)):
+                # a structure segments cannot write (no known case): once more without them
+                attempt = _SEGMENT_ATTEMPTS
+                continue
             from . import _diagnose
 
             with _deep_recursion():
@@ -122,6 +129,7 @@ def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes 
         dump = pickler.segment_dump
         if dump is None or not dump.conflicts():
             break
+        attempt += 1
     buffers = pickler.out_of_band
     if not buffers:
         return buf.getvalue()

@@ -372,6 +372,9 @@ def fill_exception(exc: BaseException, state: tuple[Any, Any, Any, bool]) -> Non
 
 SEGMENTS_PID = "tcc:segments"
 BUFFER_PID = "tcc:buffer"  # ("tcc:buffer", "bytes" | "bytearray", data): a value out of band
+# ("tcc:list", tail): a list written as segments with holes, referred to again in the same
+# dump (from a hole, say): its tail, the list object the first reference builds
+LIST_REF_PID = "tcc:list"
 _BUFFER_TYPES = {"bytes": bytes, "bytearray": bytearray}
 
 
@@ -445,6 +448,8 @@ class PersistentLists:
             return got[1]
         if type(pid) is tuple and len(pid) in (3, 4) and pid[0] == SEGMENTS_PID:
             obj: Any = join_segments(*pid[1:])
+        elif type(pid) is tuple and len(pid) == 2 and pid[0] == LIST_REF_PID and type(pid[1]) is list:
+            return pid[1]
         elif type(pid) is tuple and len(pid) == 3 and pid[0] == BUFFER_PID:
             obj = buffer_value(pid[1], pid[2])
         else:

@@ -56,7 +56,7 @@ from ._allowlist import (
 from ._api import _deep_recursion
 from .. import errors
 from ._framed import is_framed, unframe
-from ._records import BUFFER_PID, SEGMENTS_PID, buffer_value, fill_holes, is_blob
+from ._records import BUFFER_PID, LIST_REF_PID, SEGMENTS_PID, buffer_value, fill_holes, is_blob
 from ._standins import CLOUDPICKLE, RECORDS
 from ._views import (
     AwareView,
@@ -109,16 +109,21 @@ class _Globals:
                     value = self.stub("", "persistent id", unbuilt=True, why="not a value tcc wrote")()
             built[id(pid)] = (pid, value)
             return value
+        if not nested and type(pid) is tuple and len(pid) == 2 and pid[0] == LIST_REF_PID \
+                and type(pid[1]) is list:
+            return pid[1]
         if nested or not (type(pid) is tuple and len(pid) in (3, 4) and pid[0] == SEGMENTS_PID
                           and type(pid[1]) is tuple and type(pid[2]) is list
                           and all(is_blob(b) for b in pid[1])
                           and (len(pid) == 3 or type(pid[3]) is tuple)):
             return self.stub("", "persistent id", unbuilt=True, why="not a list tcc wrote")()
         front: list[Any] = []
+        readable = True
         for blob in pid[1]:
             self.spent += len(blob)
             if self.spent > self.budget:
                 front.append(self.stub("", "list segment", unbuilt=True, why=TOO_LARGE)())
+                readable = False
                 break
             reader = SafeUnpickler(io.BytesIO(blob), self.budget)
             reader.globals = self  # one budget for the whole load
@@ -131,7 +136,8 @@ class _Globals:
                 front.extend(part)
             else:
                 front.append(self.stub("", "list segment", unbuilt=True, why="unreadable")())
-        if len(pid) == 4:
+                readable = False
+        if len(pid) == 4 and readable:  # (a stub for a segment moves the positions after it)
             try:
                 fill_holes(front, pid[3])
             except errors.CorruptSnapshotError:

@@ -48,7 +48,10 @@ An item that fails these tests -- a dict also held by a local or another list (a
 prompt kept in a variable), a list, an object -- is a *hole*: its segment pickles ``None``
 in its place and the item itself goes into the persistent id's ``holes``, ``(position,
 item)`` pairs pickled with the rest of the state at every dump, where the pickler's memo
-keeps the sharing; it is only compared by identity when the segment is reused.  A segment
+keeps the sharing; it is only compared by identity when the segment is reused.  (A hole that
+leads back to its list makes the pickler meet the list again while it writes the id: later
+references to such a list are ``("tcc:list", tail)``, the tail being already memoised.)  A
+segment
 takes at most one hole in ``MAX_HOLES_PER`` items.  A segment whose shared dict is no
 longer shared is recorded again without that hole, and a span at the end of the list with
 a shared dict (the message just appended, still in a local) waits a step as the tail.  Anything else -- a list of objects, of
@@ -65,7 +68,7 @@ from typing import Any
 
 from ._frames import native
 from ._framed import MIN_BYTES
-from ._records import BUFFER_PID, SEGMENTS_PID
+from ._records import BUFFER_PID, LIST_REF_PID, SEGMENTS_PID
 
 SEGMENT = 256
 SMALL_SEGMENT = 32  # the segments after the last full SEGMENT: the tail stays short
@@ -314,7 +317,7 @@ class Dump:
 
     def __init__(self, cache: SegmentCache) -> None:
         self.cache = cache
-        self.pids: dict[int, tuple[Any, Any]] = {}
+        self.pids: dict[int, tuple[Any, Any, Any]] = {}  # id -> (object, pid, later pid)
         self.buffers: list[bytes | memoryview] = []
         self._blobs: set[int] = set()  # ids of the segment pickles in this dump's ids
         self._reused: dict[int, bytearray] = {}  # tokens of the segments this dump reused
@@ -346,7 +349,7 @@ class Dump:
             return None
         known = self.pids.get(id(obj))
         if known is not None:
-            return known[1]
+            return known[1] if known[2] is None else known[2]
         pid: tuple[Any, ...] | None
         if type(obj) is list:
             reduced = self.cache._reduce(obj)
@@ -359,10 +362,18 @@ class Dump:
                 pid = (SEGMENTS_PID, tuple(pickle.PickleBuffer(b) for b in blobs), tail)
                 if holes:  # pickled here, with the rest of the state (join_segments)
                     pid += (holes,)
-                self.pids[id(tail)] = (tail, None)
+                    # A hole may lead back to the list through tuples only (the list itself,
+                    # a namedtuple holding it): the pickler would then meet ``pid`` again
+                    # while it is still writing it, which a tuple cannot refer to.  Later
+                    # references name the tail instead, which the pickler has memoised
+                    # before the holes, and which loads as the very list being built.
+                    self.pids[id(obj)] = (obj, pid, (LIST_REF_PID, tail))
+                    self.pids[id(tail)] = (tail, None, None)
+                    return pid
+                self.pids[id(tail)] = (tail, None, None)
         else:  # bytes or bytearray of at least MIN_BYTES (the hook passes nothing else)
             pid = (BUFFER_PID, type(obj).__name__, pickle.PickleBuffer(obj))
-        self.pids[id(obj)] = (obj, pid)  # keeps ``obj`` alive: its id is not reused in this dump
+        self.pids[id(obj)] = (obj, pid, None)  # keeps ``obj`` alive: its id is not reused in this dump
         return pid
 
     def buffer(self, buf: pickle.PickleBuffer) -> bool:
