@@ -51,12 +51,11 @@ item)`` pairs pickled with the rest of the state at every dump, where the pickle
 keeps the sharing; it is only compared by identity when the segment is reused.  (A hole that
 leads back to its list makes the pickler meet the list again while it writes the id: later
 references to such a list are ``("tcc:list", tail)``, the tail being already memoised.)  A
-segment
-takes at most one hole in ``MAX_HOLES_PER`` items.  A segment whose shared dict is no
-longer shared is recorded again without that hole, and a span at the end of the list with
-a shared dict (the message just appended, still in a local) waits a step as the tail.  Anything else -- a list of objects, of
-lists, of dicts holding lists, a list shorter than ``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see:
-equal strings (and other immutable values) in different segments come back as equal
+segment takes at most one hole in ``MAX_HOLES_PER`` items.  A segment whose shared dict is
+no longer shared is recorded again without that hole, and a span at the end of the list
+with a shared dict (the message just appended, still in a local) waits a step as the tail.
+Anything else -- a list of objects, of lists, of dicts holding lists, a list shorter than
+``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see: equal strings (and other immutable values) in different segments come back as equal
 objects that may not be identical (``is``), as after any copy.
 """
 
@@ -317,7 +316,7 @@ class Dump:
 
     def __init__(self, cache: SegmentCache) -> None:
         self.cache = cache
-        self.pids: dict[int, tuple[Any, Any, Any]] = {}  # id -> (object, pid, later pid)
+        self.pids: dict[int, tuple[Any, Any]] = {}  # id -> (object, its pid from now on)
         self.buffers: list[bytes | memoryview] = []
         self._blobs: set[int] = set()  # ids of the segment pickles in this dump's ids
         self._reused: dict[int, bytearray] = {}  # tokens of the segments this dump reused
@@ -349,7 +348,7 @@ class Dump:
             return None
         known = self.pids.get(id(obj))
         if known is not None:
-            return known[1] if known[2] is None else known[2]
+            return known[1]
         pid: tuple[Any, ...] | None
         if type(obj) is list:
             reduced = self.cache._reduce(obj)
@@ -360,6 +359,7 @@ class Dump:
                 self._reused.update((id(t), t) for t in tokens)
                 self._blobs.update(id(b) for b in blobs)
                 pid = (SEGMENTS_PID, tuple(pickle.PickleBuffer(b) for b in blobs), tail)
+                self.pids[id(tail)] = (tail, None)
                 if holes:  # pickled here, with the rest of the state (join_segments)
                     pid += (holes,)
                     # A hole may lead back to the list through tuples only (the list itself,
@@ -367,13 +367,11 @@ class Dump:
                     # while it is still writing it, which a tuple cannot refer to.  Later
                     # references name the tail instead, which the pickler has memoised
                     # before the holes, and which loads as the very list being built.
-                    self.pids[id(obj)] = (obj, pid, (LIST_REF_PID, tail))
-                    self.pids[id(tail)] = (tail, None, None)
+                    self.pids[id(obj)] = (obj, (LIST_REF_PID, tail))
                     return pid
-                self.pids[id(tail)] = (tail, None, None)
         else:  # bytes or bytearray of at least MIN_BYTES (the hook passes nothing else)
             pid = (BUFFER_PID, type(obj).__name__, pickle.PickleBuffer(obj))
-        self.pids[id(obj)] = (obj, pid, None)  # keeps ``obj`` alive: its id is not reused in this dump
+        self.pids[id(obj)] = (obj, pid)  # keeps ``obj`` alive: its id is not reused in this dump
         return pid
 
     def buffer(self, buf: pickle.PickleBuffer) -> bool:
