@@ -117,6 +117,73 @@ def test_lists_that_cannot_be_cut_do_not_push_the_transcript_out_of_the_cache():
     assert id(transcript) in cache._lists and not any(id(o) in cache._lists for o in others)
 
 
+def test_a_transcript_rebuilt_at_every_step_takes_over_its_old_segments():
+    """``msgs = msgs + [reply]`` makes a new list at every step.  The cache held the old one,
+    so the messages looked shared (held by two lists), no segment of the new one could be
+    recorded and the whole transcript was pickled at every step.  A list that nothing but
+    the cache holds any more is now forgotten, and the new list takes over its segments."""
+    def stream(state, cache):
+        pieces = dump_stored(state, segments=cache)
+        return len(pieces[0]), unseal(b"".join(pieces), authenticated=True)
+
+    cache, alone = SegmentCache(), SegmentCache()
+    msgs = _messages(1000)
+    twin = copy.deepcopy(msgs)
+    stream({"t": msgs}, cache)
+    stream({"t": twin}, alone)
+    for step in range(1, 80):
+        text = f"new {step}"
+        if step % 2:
+            msgs = msgs + [{"role": "user", "content": text}]
+        else:
+            msgs = list(msgs)
+            msgs.append({"role": "user", "content": text})
+        twin.append({"role": "user", "content": text})
+        size, payload = stream({"t": msgs, "step": step}, cache)
+        size_alone, _ = stream({"t": twin, "step": step}, alone)
+        assert size <= size_alone + 16, step  # O(delta), as for append
+        assert list(cache._lists) == [id(msgs)]  # the old lists are not kept
+    assert cache.written == alone.written
+    assert _load(payload) == {"t": msgs, "step": 79}
+    assert len(pickle.dumps(msgs)) > 10 * size
+
+
+def test_an_old_copy_the_program_still_holds_is_not_taken_over():
+    """Only a list nothing else holds gives up its segments.  While the program holds the
+    old list too, its messages are in two lists: they load as one object each (both lists
+    are pickled whole, as before); once it lets go, the new list is cut again."""
+    cache = SegmentCache()
+    old = _messages(600)
+    _dump({"old": old}, cache)
+    new = old + [{"role": "user", "content": "new"}]
+    for state in ({"old": old, "new": new}, {"new": new, "old": old}):
+        restored = _load(_dump(state, cache))
+        assert restored == state and restored["old"][300] is restored["new"][300]
+    new[300]["content"] = "changed in both"
+    restored = _load(_dump({"new": new, "old": old}, cache))
+    assert restored["old"][300]["content"] == "changed in both"
+    assert restored["old"][300] is restored["new"][300]
+    del old, state, restored
+    written = cache.written
+    assert _load(_dump({"t": new}, cache)) == {"t": new}
+    assert list(cache._lists) == [id(new)]
+    assert cache.written - written == len(_segments.layout(len(new)))
+
+
+def test_a_sliding_window_does_not_keep_the_windows_it_left_behind():
+    """``msgs = msgs[-500:] + [reply]`` shifts every item: nothing can be taken over, but the
+    old windows are forgotten, so the new one can still be cut (its items are not seen as
+    held by them)."""
+    cache = SegmentCache()
+    msgs = _messages(500)
+    for step in range(5):
+        msgs = msgs[-499:] + [{"role": "user", "content": f"new {step}"}]
+        written = cache.written
+        assert _load(_dump({"t": msgs}, cache)) == {"t": msgs}
+        assert list(cache._lists) == [id(msgs)]
+        assert cache.written - written == len(_segments.layout(500))  # cut, not pickled whole
+
+
 def test_every_reference_to_the_list_loads_as_one_list():
     cache = SegmentCache()
     transcript = [f"line {i}" for i in range(600)]
@@ -390,6 +457,7 @@ _ops = st.lists(st.one_of(
     st.tuples(st.just("list_last")),
     st.tuples(st.just("copy_list")),
     st.tuples(st.just("drop_copy")),
+    st.tuples(st.just("rebuild"), _items),
 ), max_size=40)
 
 
@@ -429,6 +497,10 @@ def _apply(state, op):
         state["u"] = list(t)
     elif kind == "drop_copy":
         state.pop("u", None)
+    elif kind == "rebuild":  # msgs = msgs + [item]: a new list, the old one dropped (or kept)
+        state["t"] = t + [op[1]]
+        if state.get("again") is t:
+            state["again"] = state["t"]
 
 
 def _shape(state):

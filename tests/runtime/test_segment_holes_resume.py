@@ -35,7 +35,10 @@ async def main():
     transcript = [system, scratch]
     for i in range(300):
         msg = await reply(i)
-        transcript.append(msg)
+        if os.environ.get("REBUILD"):
+            transcript = transcript + [msg]  # a new list at every step
+        else:
+            transcript.append(msg)
         system["turns"] = i + 1  # changed in place through the local
         scratch.append(i)  # and through this one
         if i == 150:
@@ -56,11 +59,13 @@ def _tcc(env, *args):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("kill_at", [120, 260])
-def test_a_resumed_transcript_keeps_its_shared_messages(tmp_path, kill_at):
+@pytest.mark.parametrize("kill_at,rebuild", [(120, ""), (260, ""), (200, "1")])
+def test_a_resumed_transcript_keeps_its_shared_messages(tmp_path, kill_at, rebuild):
+    """``rebuild``: the agent writes ``transcript = transcript + [msg]``, and each new list
+    takes over the segments of the one before (``SegmentCache._adopt``)."""
     script = tmp_path / "agent.py"
     script.write_text(_AGENT)
-    env = {**os.environ, "TCC_STORE": str(tmp_path / "store")}
+    env = {**os.environ, "TCC_STORE": str(tmp_path / "store"), "REBUILD": rebuild}
     whole = _tcc(env, "run", "--json", "--run-id", "whole", str(script))
     assert whole.returncode == 0, whole.stderr
     expected = json.loads(whole.stdout)["result"]

@@ -62,6 +62,7 @@ objects that may not be identical (``is``), as after any copy.
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 from typing import Any
 
@@ -221,7 +222,7 @@ class SegmentCache:
         if entry is not None and entry[0] is not lst:  # another list at a reused address
             _release_all(entry[1])
             entry = None
-        segments = entry[1] if entry is not None else []
+        segments = entry[1] if entry is not None else self._adopt(lst)
         try:
             end = self._walk(lst, segments, nat)
         except BaseException:
@@ -240,6 +241,31 @@ class SegmentCache:
                 holes.extend((pos + i, seg.items[i]) for i in seg.holes)
             pos += len(seg.items)
         return tuple(s.blob for s in segments), lst[end:], tokens, tuple(holes)
+
+    def _adopt(self, lst: list[Any]) -> list[_Segment]:
+        """A list the cache does not know yet (``msgs = msgs + [reply]`` makes one at every
+        step): forget the lists that nothing but the cache holds any more, and take over the
+        segments of one of them that starts with the same item.  Such a list can never be
+        pickled again, and holding it would make its items look shared, so that no segment
+        of the new list could be recorded: the whole list was pickled at every step.  The
+        segments taken over are then checked against the new list as any others are."""
+        first = lst[0]
+        adopted: list[_Segment] = []
+        dead = []
+        entry = None
+        for key, entry in self._lists.items():
+            # held only by the entry (getrefcount counts its own argument too); a list the
+            # program still holds, or that this dump already pickled, stays where it is
+            if sys.getrefcount(entry[0]) == 2:
+                dead.append(key)
+                if not adopted and entry[1] and entry[1][0].items[0] is first:
+                    adopted = entry[1]
+        del entry
+        for key in dead:
+            segments = self._lists.pop(key)[1]  # (the list goes with the entry)
+            if segments is not adopted:
+                _release_all(segments)
+        return adopted
 
     def _walk(self, lst: list[Any], segments: list[_Segment], nat: Any) -> int:
         """Bring ``segments`` (the list's, from the previous dump) up to date with ``lst``:
