@@ -209,13 +209,13 @@ def _peer_values(v: dict[str, Value], raw: dict[str, Any]) -> None:
 
 def _step_values(v: dict[str, Value], raw: dict[str, Any]) -> None:
     """The step-cost table: † step.R.N.SYS for SYS in ``cont``, ``replay`` (tcc's),
-    ``dbos``, ``langgraph`` (ms per step), † step.R.N.cont/PEER; and the steady-state table:
+    ``dbos``, ``langgraph``, ``langgraph-delta`` (ms per step), † step.R.N.cont/PEER; and the steady-state table:
     † steady.R.N.cont, † steady.R.N.replay (ms per step), † steady.R.N.cont/replay,
     † steady.R.N.cont/first (against the smallest N), steady.R.N.n (repetitions); the held
     ``bytes`` row: held.size (``100 MiB``), held.with, held.without (ms per step), held.x."""
     rows = raw.get("step_costs") or []
     for row in rows:
-        system = row["system"].removeprefix("tcc ").replace("continuation", "cont")
+        system = row["system"].removeprefix("tcc ").replace("continuation", "cont").replace(" ", "-")
         at = f"step.{row.get('regime', 'grow')}.{row['n']}"
         _cell(v, f"{at}.{system}", functools.partial(ms_ci, row["mean_step_s"]))
         cont = [r for r in rows if r["system"] == "tcc continuation" and r["n"] == row["n"]

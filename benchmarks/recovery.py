@@ -430,8 +430,8 @@ STEP_COST_MAX_N = {("langgraph", "grow"): 3000}
 
 
 def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
-    """What a step costs, tcc next to the installed peers, in each of ``step_regimes``
-    (default: the growing transcript).
+    """What a step costs, tcc next to the installed peers and their production variants
+    (LangGraph with DeltaChannel), in each of ``step_regimes`` (default: the growing transcript).
 
     At each size, one repetition of every system per round (rounds interleaved): every
     system, tcc continuation and tcc replay included (``peers/tcc_peer.py``), runs its crash
@@ -441,7 +441,7 @@ def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[di
     ``bare_step_s`` (the agent loop with no framework, measured once per size) is reported
     next to it.  The steady state (the last steps' median) is ``steady_state``'s business."""
 
-    peer_mods = installed_peers(lambda _msg: None)  # (peers() says why one is missing)
+    peer_mods = installed_peers(lambda _msg: None, variants=True)  # (peers() says why one is missing)
     if not peer_mods:  # tcc alone is the steady-state section's business
         log("step costs: no peer installed (pip install 'tcc[peers]'); skipped")
         return []
@@ -583,8 +583,10 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
 # ------------------------------------------------------------------- peers
 
 
-def installed_peers(log: Any) -> list[tuple[str, Any]]:
-    """(name, module) of each peer harness whose peer is installed; ``log`` says why not."""
+def installed_peers(log: Any, *, variants: bool = False) -> list[tuple[str, Any]]:
+    """(name, module) of each peer harness whose peer is installed; ``log`` says why not.
+    With ``variants``, each peer's production variants follow it (its module's ``VARIANTS``:
+    "langgraph delta"), as (name, an object with the module's ``measure``)."""
     found = []
     for modname in ("dbos_peer", "langgraph_peer"):
         try:
@@ -596,6 +598,8 @@ def installed_peers(log: Any) -> list[tuple[str, Any]]:
             log(f"peers: {modname}: peer not installed (pip install 'tcc[peers]'); skipped")
             continue
         found.append((modname.split("_")[0], mod))
+        if variants:
+            found += list(getattr(mod, "VARIANTS", {}).items())
     return found
 
 

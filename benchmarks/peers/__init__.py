@@ -77,6 +77,11 @@ repeat), ``in_process_s`` (list), their medians, ``breakdown_s`` (per-phase list
 ``final_result``, ``effect_executions`` / ``duplicate_effects`` (over crash + recovery +
 completion), ``fsync_4k_median_s`` (a contention gauge taken at the start), ``python`` and
 ``notes``.
+
+``langgraph_peer.measure`` also takes ``delta=True``: the peer "langgraph delta" (listed in
+``langgraph_peer.VARIANTS``, which ``benchmarks.recovery.step_costs`` runs), whose transcript
+("grow") or scratchpad ("mutate") is a ``DeltaChannel`` (beta): checkpoints store each step's
+write and a whole snapshot every ``snapshot_frequency`` writes, not the whole value each time.
 """
 
 from __future__ import annotations

@@ -2,20 +2,28 @@
 superstep per agent step), ``SqliteSaver`` checkpointer, ``durability="sync"``, SIGKILLed at
 the start of step n-1 and resumed by ``graph.invoke(None, config)``.
 
+``measure(..., delta=True)`` is LangGraph's production option for a growing state, its
+(beta) ``DeltaChannel``: the transcript ("grow") or the scratchpad ("mutate") is checkpointed
+as each step's write, with the whole value only every ``snapshot_frequency`` writes.
+``VARIANTS`` lists it as the peer "langgraph delta" (the step-cost comparison runs it).
+
 All LangGraph work happens in child processes (``_child_langgraph.py``); importing this
 module does not import ``langgraph``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import pathlib
+import types
 from typing import Any, Callable
 
 from . import _harness
 
 PEER = "langgraph"
+DELTA_PEER = "langgraph delta"
 _CHILD = pathlib.Path(__file__).with_name("_child_langgraph.py")
 
 NOTES = (
@@ -31,6 +39,17 @@ NOTES = (
     " Recovery = fresh process, sqlite3.connect + SqliteSaver + compile (open_s), then"
     " invoke(None, config) loads the latest checkpoint (invoke_to_step_s) and re-runs the"
     " node in flight; nothing is replayed."
+)
+DELTA_NOTES = (
+    " Variant 'langgraph delta': the transcript (grow) or the scratchpad (mutate) is a"
+    " DeltaChannel (beta) with snapshot_frequency={snapshot_frequency} and a batching-invariant"
+    " reducer (append the messages; merge the slots, the later write winning); a step writes"
+    " only its message (mutate: its one slot), a checkpoint stores no value of the channel"
+    " except a whole snapshot every {snapshot_frequency} writes, and invoke(None, config)"
+    " rebuilds it from the nearest snapshot and the stored writes after it"
+    " (SqliteSaver.get_delta_channel_history), so grow storage is ~O(n^2 / snapshot_frequency)."
+    " A grow step writes its message alone, to which LangGraph adds an 'id' (a uuid4; a message"
+    " dict in a list it would turn into a LangChain message). const runs unchanged."
 )
 
 
@@ -63,12 +82,18 @@ def measure(
     work_iters: int | None = None,
     before_recover: Callable[[dict[str, Any]], None] | None = None,
     durability: str = "sync",
+    delta: bool = False,
+    snapshot_frequency: int = 100,
 ) -> dict[str, Any]:
     """Crash the LangGraph agent after n-1 steps ``repeats`` times and measure its recovery.
 
     ``work_iters`` overrides the calibration of ``work_ms``; ``durability`` is for
     experiments only (with "async" the crash may lose steps and the numbers mean something
-    else). Returns the dict described in ``benchmarks/peers/__init__.py``.
+    else). ``delta`` makes the growing or changing channel a ``DeltaChannel`` taking a whole
+    snapshot every ``snapshot_frequency`` writes (100 is LangGraph's default; a smaller one
+    lets a short run recover from a snapshot and the writes after it); the result's
+    ``peer`` is then "langgraph delta". Returns the dict described in
+    ``benchmarks/peers/__init__.py``.
     """
     notes = NOTES.format(
         version=version(),
@@ -76,8 +101,12 @@ def measure(
         sqlite_saver=importlib.metadata.version("langgraph-checkpoint-sqlite"),
         durability=durability,
     )
+    extra_args: dict[str, Any] = {"durability": durability}
+    if delta:
+        notes += DELTA_NOTES.format(snapshot_frequency=snapshot_frequency)
+        extra_args.update(delta=True, snapshot_frequency=snapshot_frequency)
     return _harness.run_peer(
-        peer=PEER,
+        peer=DELTA_PEER if delta else PEER,
         version=version(),
         script=_CHILD,
         n=n,
@@ -87,7 +116,13 @@ def measure(
         repeats=repeats,
         workdir=workdir,
         breakdown=_breakdown,
-        extra_args={"durability": durability},
+        extra_args=extra_args,
         notes=notes,
         before_recover=before_recover,
     )
+
+
+# Production variants of this peer, each with the ``available()`` and ``measure()`` of a peer
+# module: ``benchmarks.recovery.step_costs`` runs them next to the plain peer.
+VARIANTS = {DELTA_PEER: types.SimpleNamespace(available=available, version=version,
+                                              measure=functools.partial(measure, delta=True))}

@@ -20,7 +20,7 @@ import tempfile
 
 from . import _agent, dbos_peer, langgraph_peer
 
-MODULES = {"dbos": dbos_peer, "langgraph": langgraph_peer}
+MODULES = {"dbos": dbos_peer, "langgraph": langgraph_peer, **langgraph_peer.VARIANTS}  # + "langgraph delta"
 
 
 def _ms(x: float) -> str:

@@ -105,6 +105,55 @@ def test_langgraph_peer_smoke(tmp_path: pathlib.Path, regime: str, work_ms: floa
     assert res["breakdown_s"]["invoke_to_step_s"][0] > 0
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(("regime", "snapshot_frequency"), [("grow", 100), ("grow", 4), ("mutate", 4)])
+def test_langgraph_delta_peer_smoke(tmp_path: pathlib.Path, regime: str, snapshot_frequency: int) -> None:
+    """LangGraph with a DeltaChannel, SIGKILLed at step n-1 and resumed in a fresh process,
+    rebuilds its transcript or scratchpad from the stored writes (with snapshot_frequency 4,
+    from a snapshot and the writes after it) and returns the contract's final result; no
+    checkpoint holds the channel's whole value except those snapshots."""
+    pytest.importorskip("langgraph.channels.delta")
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    import sqlite3
+
+    from langgraph.checkpoint.serde.types import _DeltaSnapshot
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from benchmarks.peers import langgraph_peer
+
+    variant = langgraph_peer.VARIANTS["langgraph delta"]  # what step_costs runs
+    assert variant.available()
+    n, channel = 10, {"grow": "transcript", "mutate": "memory"}[regime]
+    res = variant.measure(n, regime=regime, repeats=1, workdir=tmp_path, snapshot_frequency=snapshot_frequency)
+    check_numbers(res, peer="langgraph delta", n=n, regime=regime, work_ms=0.0)
+    assert "DeltaChannel" in res["notes"]
+
+    # the store the crash, recovery and completion children shared
+    conn = sqlite3.connect(tmp_path / f"langgraph delta-{regime}-n{n}-w0-r0" / "peer.sqlite")
+    saver = SqliteSaver(conn)
+    thread = {"configurable": {"thread_id": "tcc-bench-agent"}}
+    stored = {t.metadata["step"]: t for t in saver.list(thread)}  # step k holds i == k
+    assert sorted(stored) == list(range(-1, n + 1))  # the input's, the input applied, one per step
+    snapshots = [i for i, t in stored.items() if channel in t.checkpoint["channel_values"]]
+    assert all(isinstance(stored[i].checkpoint["channel_values"][channel], _DeltaSnapshot) for i in snapshots)
+    assert len(snapshots) == (n + 1) // snapshot_frequency  # the input's write counts as one
+    # the checkpoint the recoveries resumed from (after step n-2): seed + writes give its value
+    history = saver.get_delta_channel_history(config=stored[n - 1].config, channels=[channel])[channel]
+    assert ("seed" in history) == (snapshot_frequency < n)
+    seed = history["seed"].value if "seed" in history else ([] if regime == "grow" else {})
+    writes = [value for _, _, value in history["writes"]]
+    if regime == "grow":
+        rebuilt = seed + [m for w in writes for m in (w if isinstance(w, list) else [w])]
+        assert [m["name"] for m in rebuilt] == [f"out-{i}" for i in range(n - 1)]
+        # from the snapshot: the steps after it; without one: the input's write and n-1 steps
+        assert (len(writes) < n - 1) if snapshot_frequency < n else (len(writes) == n)
+    else:
+        rebuilt = {**seed, **{k: v for w in writes for k, v in w.items()}}
+        assert sorted(rebuilt) == sorted(f"slot-{i}" for i in range(n - 1))
+        assert len(writes) < n - 1
+    conn.close()
+
+
 @pytest.mark.parametrize(("regime", "work_ms"), CASES)
 def test_tcc_measured_as_a_peer(tmp_path: pathlib.Path, regime: str, work_ms: float) -> None:
     """tcc goes through the peers' own crash / recover / complete children: a real SIGKILL at
