@@ -54,14 +54,42 @@ def test_a_growing_transcript_reuses_its_unchanged_segments():
 
 def test_the_layout_keeps_the_tail_short_and_the_segments_few():
     assert _segments.layout(_segments.MIN_ITEMS - 1) == []
-    for n in (64, 100, 255, 256, 511, 512, 1000, 1023, 1024, 10_000):
+    for n in (64, 100, 255, 256, 511, 512, 1000, 1023, 1024, 2047, 2048, 8160, 10_000, 100_000):
         spans = _segments.layout(n)
         assert spans[0][0] == 0 and all(a + k == b for (a, k), (b, _) in zip(spans, spans[1:]))
         end = spans[-1][0] + spans[-1][1]
         assert n - end < _segments.SMALL_SEGMENT  # the tail pickled at every dump
-        assert len(spans) <= n // _segments.SEGMENT + _segments.SEGMENT // _segments.SMALL_SEGMENT
+        assert len(spans) <= n // _segments.LARGE_SEGMENT + 7 + 7
+        assert [k for _, k in spans] == sorted((k for _, k in spans), reverse=True)
     assert _segments.layout(100) == [(0, 32), (32, 32), (64, 32)]
     assert _segments.layout(300) == [(0, 256), (256, 32)]
+    assert _segments.layout(4400) == [(0, 2048), (2048, 2048), (4096, 256), (4352, 32)]
+    assert max(len(_segments.layout(n)) for n in range(64, 10_001)) == 17
+
+
+def test_past_2048_items_the_segments_there_give_way_to_one_kept_whole_by_the_store():
+    """At 2,048 messages the eight segments of 256 become one of 2,048, which the store
+    keeps as one chunk (a WholePiece), longer than the pieces it would otherwise cut."""
+    from tcc._pieces import WholePiece
+    from tcc.store._chunks import PIECE_WHOLE, split
+    from tcc.store._codec import Sealer
+
+    cache = SegmentCache()
+    transcript = [{"role": "user", "content": f"message {i} " * 30} for i in range(2040)]
+    state = {"t": transcript}
+    dump_stored(state, segments=cache)
+    assert [len(s.items) for s in cache._lists[id(transcript)][1]] == [256] * 7 + [32] * 7
+    for step in range(10):
+        transcript.append({"role": "assistant", "content": f"new {step}"})
+        pieces = dump_stored(state, segments=cache)
+    segments = cache._lists[id(transcript)][1]
+    assert [len(s.items) for s in segments] == [2048]
+    assert type(pieces[1]) is WholePiece and pieces[1] is segments[0].blob
+    assert len(pieces[1]) > PIECE_WHOLE
+    sealer = Sealer(os.urandom(32))
+    head = split(sealer, pieces[0])
+    assert len(split(sealer, pieces)) == len(head) + 1  # the segment is one chunk
+    assert _load(unseal(b"".join(pieces), authenticated=True)) == state
 
 
 def test_a_short_list_of_small_items_keeps_its_segments_in_the_stream():
@@ -521,6 +549,7 @@ def test_incremental_snapshots_restore_equal_to_full_ones(monkeypatch, start, op
     and to a snapshot without it, with the same sharing (small segments, so that every
     boundary case comes up, in both sizes; segments' pickles of 60 bytes or more and
     bytes-like values of 3 bytes or more go out of band, shorter ones into the stream)."""
+    monkeypatch.setattr(_segments, "LARGE_SEGMENT", 8)
     monkeypatch.setattr(_segments, "SEGMENT", 4)
     monkeypatch.setattr(_segments, "SMALL_SEGMENT", 2)
     monkeypatch.setattr(_segments, "MIN_ITEMS", 4)

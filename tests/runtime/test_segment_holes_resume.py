@@ -32,7 +32,8 @@ def reply(i):
 async def main():
     system = {"role": "system", "content": "be brief"}
     scratch = []
-    transcript = [system, scratch]
+    prefill = int(os.environ.get("PREFILL", "0"))  # older messages, present from the start
+    transcript = [system, scratch] + [{"role": "user", "content": f"old {j} " * 20} for j in range(prefill)]
     for i in range(300):
         msg = await reply(i)
         if os.environ.get("REBUILD"):
@@ -59,18 +60,22 @@ def _tcc(env, *args):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("kill_at,rebuild", [(120, ""), (260, ""), (200, "1")])
-def test_a_resumed_transcript_keeps_its_shared_messages(tmp_path, kill_at, rebuild):
+@pytest.mark.parametrize("kill_at,rebuild,prefill", [(120, "", 0), (260, "", 0), (200, "1", 0),
+                                                      (100, "", 2000)])
+def test_a_resumed_transcript_keeps_its_shared_messages(tmp_path, kill_at, rebuild, prefill):
     """``rebuild``: the agent writes ``transcript = transcript + [msg]``, and each new list
-    takes over the segments of the one before (``SegmentCache._adopt``)."""
+    takes over the segments of the one before (``SegmentCache._adopt``).  ``prefill``: the
+    transcript passes 2,048 messages at step 46, where its first segments give way to one of
+    2,048 (``_segments.LARGE_SEGMENT``), before the kill."""
     script = tmp_path / "agent.py"
     script.write_text(_AGENT)
-    env = {**os.environ, "TCC_STORE": str(tmp_path / "store"), "REBUILD": rebuild}
+    env = {**os.environ, "TCC_STORE": str(tmp_path / "store"), "REBUILD": rebuild,
+           "PREFILL": str(prefill)}
     whole = _tcc(env, "run", "--json", "--run-id", "whole", str(script))
     assert whole.returncode == 0, whole.stderr
     expected = json.loads(whole.stdout)["result"]
     assert expected["system is the first message"] and expected["scratch is the second"]
-    assert (expected["turns"], expected["scratch"], expected["n"]) == (300, 300, 302)
+    assert (expected["turns"], expected["scratch"], expected["n"]) == (300, 300, 302 + prefill)
 
     killed = _tcc({**env, "KILL_AT": str(kill_at)}, "run", "--run-id", "r", str(script))
     assert killed.returncode == -9, killed.stderr  # SIGKILLed inside step kill_at

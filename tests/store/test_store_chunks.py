@@ -276,6 +276,30 @@ def test_a_piece_up_to_the_largest_chunk_is_one_chunk_and_a_longer_one_is_cut() 
     assert b"".join(bytes(v) for _, v in got) == big
 
 
+def test_a_piece_marked_whole_is_one_chunk_up_to_whole_max(monkeypatch) -> None:
+    """A WholePiece (a list segment's pickle, which never changes) is one chunk up to
+    WHOLE_MAX, however much longer than PIECE_WHOLE, and is known by identity afterwards;
+    beyond WHOLE_MAX it is cut as any piece is."""
+    from tcc._pieces import WholePiece
+
+    sealer = _CountingSealer(os.urandom(32))
+    head = _text(5_000, 1)
+    head_chunks = len(split(sealer, head))
+    big = WholePiece(_text(3 * chunks_mod.PIECE_WHOLE, 5))
+    memo = SplitMemo()
+    got = split(sealer, (head, big), memo)
+    assert len(got) == head_chunks + 1
+    address, view = got[-1]
+    assert view.obj is big and address == sealer.chunk_id(big)  # (no copy)
+    sealer.hashed = 0
+    assert split(sealer, (head, big), memo)[-1][0] == address
+    assert sealer.hashed == 0  # the same object: not read again
+    assert len(split(sealer, (head, bytes(big)))) > head_chunks + 3  # unmarked: cut
+    monkeypatch.setattr(chunks_mod, "WHOLE_MAX", chunks_mod.PIECE_WHOLE)
+    cut = split(sealer, (head, big))[head_chunks:]
+    assert len(cut) > 3 and b"".join(bytes(v) for _, v in cut) == big
+
+
 def test_pieces_that_are_not_bytes_like_are_refused() -> None:
     from tcc.errors import UsageError
     from tcc.store._chunks import payload_size

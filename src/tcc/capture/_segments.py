@@ -4,12 +4,15 @@ An agent's state usually holds one list that grows by an item at every step: the
 transcript.  Pickling it whole at every checkpoint costs O(state) (~2-4 ms at 10,000
 messages), although only its end changed.  With a :class:`SegmentCache` (one per run,
 kept by the runtime between checkpoints), a list of at least ``MIN_ITEMS`` items is
-written as segments (see :func:`layout`): full segments of ``SEGMENT`` items from its
-start, then full ones of ``SMALL_SEGMENT`` items, each one a separate pickle kept from
-the previous checkpoint while its items have not changed, followed by the remaining
-items (fewer than ``SMALL_SEGMENT``), pickled normally.  The small segments keep that
-tail, which every checkpoint pickles again, short; the large ones keep the number of
-segments, which every checkpoint walks, low.  A segment's pickle of at least
+written as segments (see :func:`layout`): full segments of ``LARGE_SEGMENT`` (2,048)
+items from its start, then full ones of ``SEGMENT`` (256), then of ``SMALL_SEGMENT`` (32)
+items, each one a separate pickle kept from the previous checkpoint while its items have
+not changed, followed by the remaining items (fewer than ``SMALL_SEGMENT``), pickled
+normally.  The small segments keep that tail, which every checkpoint pickles again,
+short; the large ones keep the number of segments low: every checkpoint walks them, and
+the store keeps each out-of-band one as one chunk (a ``tcc._pieces.WholePiece``), with
+bookkeeping per chunk at every checkpoint (17 segments at most up to 10,000 items, 45
+with segments of 256 and 32 only).  A segment's pickle of at least
 ``SEGMENT_MIN_BYTES`` goes out of band (``_framed``), a shorter one into the stream.
 The list is handed to the cache by the pickler's
 ``persistent_id`` (``tcc._native.SegmentHook``: one C call per object, which passes on
@@ -66,11 +69,13 @@ import sys
 import threading
 from typing import Any
 
+from .._pieces import WholePiece
 from ._frames import native
 from ._framed import MIN_BYTES
 from ._records import BUFFER_PID, LIST_REF_PID, SEGMENTS_PID
 
-SEGMENT = 256
+LARGE_SEGMENT = 2048  # the segments from the start of the list: few pieces for the store
+SEGMENT = 256  # the segments after the last full LARGE_SEGMENT
 SMALL_SEGMENT = 32  # the segments after the last full SEGMENT: the tail stays short
 MIN_ITEMS = 2 * SMALL_SEGMENT
 SEGMENT_MIN_BYTES = 8 << 10  # a segment's pickle this long goes out of band; a shorter one
@@ -102,15 +107,20 @@ def _version(item: Any) -> Any:
 
 def layout(n: int) -> list[tuple[int, int]]:
     """The ``(start, size)`` segments a list of ``n`` items is cut into: full segments of
-    :data:`SEGMENT` items from the start, then full ones of :data:`SMALL_SEGMENT` items; the
-    rest (fewer than ``SMALL_SEGMENT`` items) is the tail, pickled with the dump.  When the
-    list fills its next ``SEGMENT``, the small segments there give way to one large one
-    (its items pickled once more: one item per step, amortised, on a growing list)."""
+    :data:`LARGE_SEGMENT` items from the start, then full ones of :data:`SEGMENT` items,
+    then of :data:`SMALL_SEGMENT` items; the rest (fewer than ``SMALL_SEGMENT`` items) is
+    the tail, pickled with the dump.  When the list fills its next ``SEGMENT`` (or
+    ``LARGE_SEGMENT``), the smaller segments there give way to one larger one (its items
+    pickled once more: one item per step and size, amortised, on a growing list)."""
     if n < MIN_ITEMS:
         return []
-    big = n // SEGMENT * SEGMENT
-    return [(start, SEGMENT) for start in range(0, big, SEGMENT)] + \
-        [(start, SMALL_SEGMENT) for start in range(big, n - SMALL_SEGMENT + 1, SMALL_SEGMENT)]
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for size in (LARGE_SEGMENT, SEGMENT, SMALL_SEGMENT):
+        end = start + (n - start) // size * size
+        spans += [(at, size) for at in range(start, end, size)]
+        start = end
+    return spans
 
 
 class _Segment:
@@ -202,8 +212,9 @@ class SegmentCache:
         body = list(items)
         for i in holes:
             body[i] = None
-        segment = _Segment(items, versions, pickle.dumps(body, protocol=5), token, failures, holes,
-                           shared)
+        # (a WholePiece: the store keeps it as one chunk, since it never changes)
+        segment = _Segment(items, versions, WholePiece(pickle.dumps(body, protocol=5)), token,
+                           failures, holes, shared)
         if not segment.clean(failures):  # changed while it was read (another thread)
             segment.release()
             return None
@@ -409,5 +420,8 @@ class Dump:
         if raw.nbytes < (SEGMENT_MIN_BYTES if id(owner) in self._blobs else MIN_BYTES):
             return True
         # an exact bytes object is handed on as itself: the store knows it by identity
-        self.buffers.append(owner if type(owner) is bytes and len(owner) == raw.nbytes else raw)
+        if isinstance(owner, bytes) and type(owner) in (bytes, WholePiece) and len(owner) == raw.nbytes:
+            self.buffers.append(owner)
+        else:
+            self.buffers.append(raw)
         return False

@@ -34,6 +34,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .._pieces import WholePiece
 from ..errors import UsageError
 from ._codec import Corrupt, Sealer
 
@@ -181,8 +182,8 @@ def split(
 
     A payload given as pieces (a tuple or list whose concatenation it is; see
     ``tcc.capture._framed``) is cut piece by piece: its first piece as above, each
-    other one on its own: whole up to ``PIECE_WHOLE`` bytes, else with larger chunks
-    (``PIECE_CHUNK``).  A piece that is the
+    other one on its own: whole up to ``PIECE_WHOLE`` bytes (``WHOLE_MAX`` for a
+    :class:`tcc._pieces.WholePiece`), else with larger chunks (``PIECE_CHUNK``).  A piece that is the
     same ``bytes`` object as a piece of the memo's payload keeps its chunks without
     being read: a ``bytes`` object cannot change.
     """
@@ -302,6 +303,9 @@ PIECE_CHUNK = 128 << 10  # average chunk of a payload's later pieces (large buff
 # held chunk (manifest entries, reference sets, the address map) shrinks with it: ~11%
 # fewer instructions per step on a 10,000-message transcript.
 PIECE_WHOLE = 4 * PIECE_CHUNK  # FastCDC's largest chunk for that average
+# A piece the writer marks as never changing (``tcc._pieces.WholePiece``: a list segment's
+# pickle, up to 2,048 messages) is one chunk up to this length, cut as above beyond it.
+WHOLE_MAX = 16 << 20
 
 
 def _split_pieces(sealer: Sealer, pieces: tuple[Any, ...] | list[Any],
@@ -310,18 +314,20 @@ def _split_pieces(sealer: Sealer, pieces: tuple[Any, ...] | list[Any],
     known = memo.pieces if memo is not None else {}
     now: dict[int, tuple[bytes, list[tuple[bytes, memoryview]]]] = {}
     for piece in pieces[1:]:
-        got = known.get(id(piece)) if type(piece) is bytes else None
+        kind = type(piece)
+        fixed = kind is bytes or kind is WholePiece  # cannot change: known by identity
+        got = known.get(id(piece)) if fixed else None
         if got is not None and got[0] is piece:
             cuts = got[1]
         else:
             view = memoryview(piece).cast("B")
-            if len(view) <= PIECE_WHOLE:
+            if len(view) <= (WHOLE_MAX if kind is WholePiece else PIECE_WHOLE):
                 spans = [(0, len(view))]
             else:
                 spans = [(c.offset, c.length) for c in _piece_chunker().cut_buf(view)]  # type: ignore[attr-defined]
             addresses = sealer.chunk_ids([view[o:o + n] for o, n in spans])
             cuts = [(a, view[o:o + n]) for (o, n), a in zip(spans, addresses)]
-        if type(piece) is bytes:
+        if fixed:
             now[id(piece)] = (piece, cuts)
         out.extend(cuts)
     if memo is not None:
