@@ -7,6 +7,7 @@ import copy
 import os
 import pickle
 import sys
+import weakref
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -198,6 +199,73 @@ def test_an_old_copy_the_program_still_holds_is_not_taken_over():
     assert cache.written - written == len(_segments.layout(len(new)))
 
 
+def test_what_only_a_forgotten_list_held_goes_before_the_dump_writes_anything():
+    """The lists only the cache still holds are freed before a dump writes anything (and
+    their segments after it): a finalizer of a message that leaves a sliding window changes
+    the state before the snapshot, or after it, never half-way through it (found by review:
+    a torn snapshot on every version, "dictionary changed size during iteration")."""
+    class Msg:
+        def __init__(self, text):
+            self.text = text
+
+    registry = {}
+    stats = {"closed": 0}
+    log = []
+
+    def track(msg):
+        registry[f"k{id(msg)}"] = msg.text
+        weakref.finalize(msg, registry.pop, f"k{id(msg)}", None)
+        return msg
+
+    def closed():
+        stats["closed"] += 1
+        log.append("closed")
+
+    cache = SegmentCache()
+    leaving, tool = track(Msg("first")), Msg("tool")
+    weakref.finalize(tool, closed)
+    window = [leaving, tool, track(Msg("third"))] + _messages(200)
+    state = {"a_stats": stats, "reg": registry, "w": window, "z_log": log}
+    _dump(state, cache)
+    del leaving, tool
+    for step in range(3):
+        window = window[1:] + [{"role": "user", "content": f"new {step}"}]
+        state["w"] = window
+        restored = _load(_dump(state, cache))  # (no "changed size during iteration")
+        assert (restored["a_stats"]["closed"] == 1) == (restored["z_log"] == ["closed"])
+        assert set(restored["reg"]) >= set(registry) and len(restored["reg"]) <= len(registry) + 1
+    assert stats["closed"] == 1 and log == ["closed"] and registry == {}
+
+
+def test_an_object_replaced_in_a_segment_is_not_finalized_during_the_dump():
+    """A segment that changed is dropped while the dump goes on; an object it had left out
+    (a hole) and that only it still held is kept until the dump is over, so its finalizer
+    does not change the state half-way through the snapshot."""
+    class Tool:
+        pass
+
+    stats = {"closed": 0}
+    log = []
+
+    def closed():
+        stats["closed"] += 1
+        log.append("closed")
+
+    cache = SegmentCache()
+    tool = Tool()
+    weakref.finalize(tool, closed)
+    transcript = _messages(300)
+    transcript[5] = tool
+    state = {"a_stats": stats, "t": transcript, "z_log": log}
+    _dump(state, cache)
+    del tool
+    transcript[5] = {"role": "tool", "content": "replaced"}
+    restored = _load(_dump(state, cache))
+    assert (restored["a_stats"]["closed"] == 1) == (restored["z_log"] == ["closed"])
+    assert stats["closed"] == 1 and restored == {**state, "a_stats": restored["a_stats"],
+                                                 "z_log": restored["z_log"]}
+
+
 def test_a_sliding_window_does_not_keep_the_windows_it_left_behind():
     """``msgs = msgs[-500:] + [reply]`` shifts every item: nothing can be taken over, but the
     old windows are forgotten, so the new one can still be cut (its items are not seen as
@@ -301,6 +369,28 @@ def test_the_message_just_appended_and_still_in_a_local_does_not_become_a_hole()
         segments = cache._lists[id(transcript)][1]
         assert not any(seg.holes for seg in segments), step
     assert _covered(cache, transcript) == len(transcript) - len(transcript) % 32
+
+
+def test_filling_2048_items_with_the_reply_still_in_a_local_keeps_the_segments():
+    """The usual step appends a reply that a local still holds.  When it fills 2,048 items,
+    the list is cut as at the step before (the reply in the tail) instead of dropping the
+    segments of 256 for a span of 2,048 it cannot record yet, which pickled the whole list
+    into the stream for that step (found by review)."""
+    cache = SegmentCache()
+    transcript = [{"role": "user", "content": f"message {i} " * 30} for i in range(2040)]
+    state = {"t": transcript}
+    _dump(state, cache)
+    for n in range(2041, 2052):
+        reply = {"role": "assistant", "content": f"reply {n}"}
+        transcript.append(reply)
+        state["last"] = reply
+        written = cache.written
+        pieces = dump_stored(state, segments=cache)
+        assert len(pieces[0]) < 16 << 10, n  # the tail and the reply, not 2,048 messages
+        sizes = [len(seg.items) for seg in cache._lists[id(transcript)][1]]
+        assert sizes == ([2048] if n > 2048 else [256] * 7 + [32] * 7), n
+        assert cache.written - written == (1 if n == 2049 else 0), n
+    assert _load(unseal(b"".join(pieces), authenticated=True)) == state
 
 
 def test_items_a_segment_cannot_stand_for_are_left_out_one_in_eight_at_most():

@@ -175,6 +175,16 @@ def test_encoder_compresses_every_chunk_of_text() -> None:
     assert [ChunkEncoder().encode(p) for p in pieces] == [encode_chunk(p) for p in pieces]
 
 
+def test_encoder_tries_every_chunk_longer_than_a_cut_one() -> None:
+    """A chunk longer than PIECE_WHOLE (a whole list segment's pickle, up to 16 MiB) is
+    tried even right after random bytes: storing it raw could cost ~90 times its size (found
+    by review: a new 2,048-message segment after a screenshot went raw)."""
+    segment = _text(chunks_mod.PIECE_WHOLE + 4096, 3)
+    enc, codecs = _kinds([os.urandom(4096) for _ in range(3)] + [segment, _text(4096, 4)])
+    assert codecs == [0, 0, 0, 1, 1]  # tried, compressed, and the back-off is over
+    assert enc.tried == 4  # (the second random chunk was skipped in the back-off)
+
+
 def test_encoder_resumes_compressing_after_a_random_run() -> None:
     """After a random run, compression resumes within the longest back-off."""
     pieces = [os.urandom(4096) for _ in range(100)] + [_text(4096, i) for i in range(40)]

@@ -106,6 +106,16 @@ _SEGMENT_ATTEMPTS = 3
 
 
 def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes | memoryview, ...]:
+    if segments is None:
+        return _dump_with(obj, prefix, None)
+    segments.sweep()  # (lists only the cache still held go before anything is written)
+    try:
+        return _dump_with(obj, prefix, segments)
+    finally:
+        segments.settle()
+
+
+def _dump_with(obj: Any, prefix: bytes, segments: Any) -> bytes | tuple[bytes | memoryview, ...]:
     attempt = 0
     while attempt <= _SEGMENT_ATTEMPTS:
         buf = io.BytesIO()

@@ -57,9 +57,14 @@ references to such a list are ``("tcc:list", tail)``, the tail being already mem
 segment takes at most one hole in ``MAX_HOLES_PER`` items.  A segment whose shared dict is
 no longer shared is recorded again without that hole, and a span at the end of the list
 with a shared dict (the message just appended, still in a local) waits a step as the tail.
-Anything else -- a list of objects, of lists, of dicts holding lists, a list shorter than
-``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see: equal strings (and other immutable values) in different segments come back as equal
-objects that may not be identical (``is``), as after any copy.
+A list the cache does not know (``msgs = msgs + [reply]`` makes one at every step) takes
+over the segments of a remembered list that nothing but the cache holds any more and that
+started with the same item; such lists are forgotten before each dump
+(:meth:`SegmentCache.sweep`: holding them would make their items look shared).  Anything
+else -- a list of objects, of lists, of dicts holding lists, a list shorter than
+``MIN_ITEMS`` -- is pickled as before.  The one difference a program could see: equal
+strings (and other immutable values) in different segments come back as equal objects that
+may not be identical (``is``), as after any copy.
 """
 
 from __future__ import annotations
@@ -167,6 +172,10 @@ class SegmentCache:
 
     def __init__(self) -> None:
         self._lists: dict[int, tuple[list[Any], list[_Segment]]] = {}
+        # the segments of lists that only the cache held, from sweep() to settle(), by the
+        # id of their first item (which they keep alive): a new list may take them over
+        self._orphans: dict[int, list[_Segment]] = {}
+        self._kept: list[Any] = []  # the holes of segments dropped during a dump (_drop)
         self._lock = threading.Lock()
         self.reused = 0  # segments taken from the cache (for tests and benchmarks)
         self.written = 0  # segments pickled anew
@@ -231,19 +240,19 @@ class SegmentCache:
         nat = native()
         entry = self._lists.pop(id(lst), None)
         if entry is not None and entry[0] is not lst:  # another list at a reused address
-            _release_all(entry[1])
+            self._drop(entry[1])
             entry = None
         segments = entry[1] if entry is not None else self._adopt(lst)
         try:
             end = self._walk(lst, segments, nat)
         except BaseException:
-            _release_all(segments)
+            self._drop(segments)
             raise
         if not segments:  # nothing to keep: a list that cannot be cut takes no place here
             return None
         self._lists[id(lst)] = (lst, segments)  # most recently used last
         while len(self._lists) > MAX_LISTS:
-            _release_all(self._lists.pop(next(iter(self._lists)))[1])
+            self._drop(self._lists.pop(next(iter(self._lists)))[1])
         tokens = [s.token for s in segments if s.token is not None]
         holes: list[tuple[int, Any]] = []
         pos = 0
@@ -253,44 +262,98 @@ class SegmentCache:
             pos += len(seg.items)
         return tuple(s.blob for s in segments), lst[end:], tokens, tuple(holes)
 
+    def sweep(self) -> None:
+        """Before a dump: forget the lists that nothing but the cache holds any more
+        (``msgs = msgs + [reply]`` leaves one behind at every step).  Holding them would make
+        their items look shared, so that no segment of the list that replaced them could be
+        recorded.  The segments of such a list whose first item something else still holds
+        wait, until :meth:`settle`, for a new list that starts with that item to take them
+        over (:meth:`_adopt`); the others go at once.  All this happens before anything is
+        written, outside the lock: finalizers of what only those lists held see and change
+        the state as it is before the snapshot, never half-way through it."""
+        gone: list[Any] = []
+        candidates: list[list[_Segment]] = []
+        with self._lock:
+            dead = [key for key, entry in self._lists.items()
+                    # held only by the entry (getrefcount counts its own argument too)
+                    if sys.getrefcount(entry[0]) == 2]
+            for key in dead:
+                entry = self._lists.pop(key)
+                gone.append(entry[0])
+                if entry[1]:
+                    candidates.append(entry[1])
+                del entry
+        gone.clear()  # the lists go now, with what only they held
+        drop: list[list[_Segment]] = []
+        first: Any = None
+        for segments in candidates:
+            first = segments[0].items[0]
+            # held by the segment, ``first`` and getrefcount's argument: no list can start
+            # with it any more (a window slid past it)
+            if sys.getrefcount(first) <= 3:
+                drop.append(segments)
+                continue
+            with self._lock:
+                if self._orphans.setdefault(id(first), segments) is not segments:
+                    drop.append(segments)
+        first = None
+        candidates.clear()
+        for segments in drop:
+            _release_all(segments)
+        drop.clear()
+
+    def settle(self) -> None:
+        """After a dump: drop the segments no new list took over, and what the dump's own
+        dropped segments left out of their pickles (outside the lock: these may go now)."""
+        with self._lock:
+            left = list(self._orphans.values())
+            self._orphans.clear()
+            kept, self._kept = self._kept, []
+        for segments in left:
+            _release_all(segments)
+        left.clear()
+        kept.clear()
+
+    def _drop(self, segments: list[_Segment]) -> None:
+        """Release segments during a dump.  Their other items (immutable values, flat dicts of
+        such) go with them, which nothing can see; the items they left out for their kind
+        (lists, objects: any finalizer) are kept until :meth:`settle`, so that none runs
+        half-way through the dump."""
+        for seg in segments:
+            seg.release()
+            if seg.holes:  # (a hole left out for being shared is a flat dict: no finalizer)
+                self._kept.extend(seg.items[i] for i in seg.holes if i not in seg.shared)
+
     def _adopt(self, lst: list[Any]) -> list[_Segment]:
-        """A list the cache does not know yet (``msgs = msgs + [reply]`` makes one at every
-        step): forget the lists that nothing but the cache holds any more, and take over the
-        segments of one of them that starts with the same item.  Such a list can never be
-        pickled again, and holding it would make its items look shared, so that no segment
-        of the new list could be recorded: the whole list was pickled at every step.  The
-        segments taken over are then checked against the new list as any others are."""
-        first = lst[0]
-        adopted: list[_Segment] = []
-        dead = []
-        entry = None
-        for key, entry in self._lists.items():
-            # held only by the entry (getrefcount counts its own argument too); a list the
-            # program still holds, or that this dump already pickled, stays where it is
-            if sys.getrefcount(entry[0]) == 2:
-                dead.append(key)
-                if not adopted and entry[1] and entry[1][0].items[0] is first:
-                    adopted = entry[1]
-        del entry
-        for key in dead:
-            segments = self._lists.pop(key)[1]  # (the list goes with the entry)
-            if segments is not adopted:
-                _release_all(segments)
-        return adopted
+        """The segments a list the cache does not know takes over: those of a list gone since
+        :meth:`sweep` that started with the same item (checked by ``_walk`` as any others)."""
+        if not lst:  # (emptied by another thread since _reduce looked)
+            return []
+        return self._orphans.pop(id(lst[0]), None) or []
 
     def _walk(self, lst: list[Any], segments: list[_Segment], nat: Any) -> int:
         """Bring ``segments`` (the list's, from the previous dump) up to date with ``lst``:
         reuse each that is unchanged, record the others again, and stop at the first span
         that cannot be recorded.  Returns where the tail (pickled with the dump) starts."""
         check, failures = nat.segment_unchanged, nat.watch_failures()
-        spans = layout(len(lst))
+        n = len(lst)
+        spans = layout(n)
+        if spans and sum(spans[-1]) == n and type(lst[-1]) is dict \
+                and sum(len(seg.items) for seg in segments) < n \
+                and nat.segment_shared(lst, n - 1, (lst[-1],)):
+            # (a message no segment holds yet: a segment's ``items`` would count as a holder)
+            # the message just appended and still in a local would complete a span, which
+            # _record refuses to end with it: cut as at the step before, the message in the
+            # tail (else, where a larger segment replaces smaller ones, those are dropped
+            # and the whole span would be pickled into the stream for a step)
+            spans = layout(n - 1) or spans[:-1]
         for k, (start, size) in enumerate(spans):
             if k < len(segments):
                 seg = segments[k]
                 if len(seg.items) != size:
                     # cut differently (the list filled a SEGMENT, or shrank): the segments
                     # from here covered what this span now covers, and hold its dicts
-                    _release_all(segments[k:])
+                    self._drop(segments[k:])
                     del segments[k:]
                 elif check(lst, start, seg.items, seg.versions) and seg.clean(failures) \
                         and not (seg.shared and _unshared(nat, lst, start, seg)):
@@ -300,7 +363,7 @@ class SegmentCache:
                     # changed: drop it (and this reference to its items, or the dicts among
                     # them would seem held elsewhere while the segment is recorded again)
                     segments[k] = _EMPTY
-                    seg.release()
+                    self._drop([seg])
                 del seg
             new = self._record(lst, start, size)
             if new is None:
@@ -311,7 +374,7 @@ class SegmentCache:
                 segments.append(new)
         else:
             k = len(spans)
-        _release_all(segments[k:])
+        self._drop(segments[k:])
         del segments[k:]
         return spans[k - 1][0] + spans[k - 1][1] if k else 0
 
@@ -321,6 +384,10 @@ class SegmentCache:
             for _, segments in self._lists.values():
                 _release_all(segments)
             self._lists.clear()
+            for segments in self._orphans.values():
+                _release_all(segments)
+            self._orphans.clear()
+            self._kept.clear()
 
     def __del__(self) -> None:
         try:

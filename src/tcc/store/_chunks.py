@@ -387,14 +387,15 @@ class ChunkEncoder:
 
     def encode(self, piece: bytes | memoryview) -> bytes:
         """Stored form of the next new chunk of the payload."""
-        if self._skip:
+        if self._skip and len(piece) <= PIECE_WHOLE:  # (a longer one, a whole list
+            # segment's pickle, is worth a try of its own: random bytes come in smaller runs)
             self._skip -= 1
             return bytes([_RAW]) + bytes(piece)
         self.tried += 1
         comp: bytes = _zstd()[0].compress(piece)
         n = len(piece)
         if len(comp) * _WORTH < n * (_WORTH - 1):
-            self._backoff = 0
+            self._backoff = self._skip = 0  # (a long chunk tried during a back-off ends it)
             return bytes([_ZSTD]) + comp
         self._backoff = min(2 * self._backoff or 1, _SKIP_MAX)
         self._skip = self._backoff
