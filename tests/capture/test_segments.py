@@ -261,9 +261,48 @@ def test_an_object_replaced_in_a_segment_is_not_finalized_during_the_dump():
     del tool
     transcript[5] = {"role": "tool", "content": "replaced"}
     restored = _load(_dump(state, cache))
-    assert (restored["a_stats"]["closed"] == 1) == (restored["z_log"] == ["closed"])
-    assert stats["closed"] == 1 and restored == {**state, "a_stats": restored["a_stats"],
-                                                 "z_log": restored["z_log"]}
+    # the segment held it last: it went before the dump (SegmentCache.sweep), as it would
+    # have gone without a cache when the program replaced it
+    assert restored["a_stats"]["closed"] == 1 and restored["z_log"] == ["closed"]
+    assert stats["closed"] == 1 and restored == state
+
+
+def test_two_transcripts_rebuilt_from_one_system_prompt_each_keep_their_segments():
+    """Two sub-agents' transcripts start with the same system prompt and are rebuilt at
+    every step: each takes over its own old segments (found by review: one took the
+    other's, and both were pickled whole at every step)."""
+    cache = SegmentCache()
+    system = {"role": "system", "content": "be brief"}
+    a, b = [system] + _messages(600), [system] + _messages(600, 600)
+    _dump({"s": system, "a": a, "b": b}, cache)
+    for step in range(5):
+        a = a + [{"role": "user", "content": f"a {step}"}]
+        b = b + [{"role": "user", "content": f"b {step}"}]
+        written = cache.written
+        state = {"s": system, "a": a, "b": b}
+        restored = _load(_dump(state, cache))
+        assert restored == state and restored["a"][0] is restored["b"][0] is restored["s"]
+        assert cache.written == written, step
+
+
+def test_a_list_cut_below_the_segment_size_lets_go_of_its_segments():
+    """A transcript compacted below MIN_ITEMS is no longer walked: its segments, and what
+    only they held, go at the next dump instead of staying until the cache is dropped."""
+    class Tool:
+        pass
+
+    closed = []
+    cache = SegmentCache()
+    tool = Tool()
+    weakref.finalize(tool, closed.append, "tool")
+    transcript = _messages(2000)
+    transcript[1500] = tool
+    del tool
+    state = {"t": transcript, "closed": closed}
+    _dump(state, cache)
+    del transcript[10:]
+    assert _load(_dump(state, cache)) == {"t": transcript, "closed": ["tool"]}
+    assert closed == ["tool"] and not cache._lists
 
 
 def test_a_sliding_window_does_not_keep_the_windows_it_left_behind():

@@ -108,8 +108,8 @@ _SEGMENT_ATTEMPTS = 3
 def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes | memoryview, ...]:
     if segments is None:
         return _dump_with(obj, prefix, None)
-    segments.sweep()  # (lists only the cache still held go before anything is written)
     try:
+        segments.sweep()  # (what only the cache still held goes before anything is written)
         return _dump_with(obj, prefix, segments)
     finally:
         segments.settle()

@@ -174,8 +174,9 @@ class SegmentCache:
         self._lists: dict[int, tuple[list[Any], list[_Segment]]] = {}
         # the segments of lists that only the cache held, from sweep() to settle(), by the
         # id of their first item (which they keep alive): a new list may take them over
-        self._orphans: dict[int, list[_Segment]] = {}
-        self._kept: list[Any] = []  # the holes of segments dropped during a dump (_drop)
+        self._orphans: dict[int, list[list[_Segment]]] = {}
+        self._kept: list[Any] = []  # what segments dropped during a dump held (_drop)
+        self._dumps = 0  # dumps between sweep() and settle() (threads may share a cache)
         self._lock = threading.Lock()
         self.reused = 0  # segments taken from the cache (for tests and benchmarks)
         self.written = 0  # segments pickled anew
@@ -263,50 +264,71 @@ class SegmentCache:
         return tuple(s.blob for s in segments), lst[end:], tokens, tuple(holes)
 
     def sweep(self) -> None:
-        """Before a dump: forget the lists that nothing but the cache holds any more
-        (``msgs = msgs + [reply]`` leaves one behind at every step).  Holding them would make
-        their items look shared, so that no segment of the list that replaced them could be
-        recorded.  The segments of such a list whose first item something else still holds
-        wait, until :meth:`settle`, for a new list that starts with that item to take them
-        over (:meth:`_adopt`); the others go at once.  All this happens before anything is
-        written, outside the lock: finalizers of what only those lists held see and change
-        the state as it is before the snapshot, never half-way through it."""
+        """Before a dump: let go of what only the cache still holds, before anything is
+        written and outside the lock, so that finalizers see and change the state as it is
+        before the snapshot, never half-way through it:
+
+        * the lists nothing else holds (``msgs = msgs + [reply]`` leaves one behind at
+          every step): holding them would also make their items look shared, so that no
+          segment of the list that replaced them could be recorded.  The segments of one
+          whose first item something else still holds wait, until :meth:`settle`, for a new
+          list that starts with that item to take them over (:meth:`_adopt`);
+        * the segments of lists now shorter than ``MIN_ITEMS`` (never walked again);
+        * each segment holding a hole (an object left out of its pickle) that is no longer
+          in the list, nor anywhere else: it is recorded again at this dump.
+
+        A dump that starts while another is going on (threads sharing a cache) sweeps
+        nothing."""
         gone: list[Any] = []
         candidates: list[list[_Segment]] = []
+        released: list[list[_Segment]] = []
         with self._lock:
+            self._dumps += 1
+            if self._dumps > 1:
+                return
             dead = [key for key, entry in self._lists.items()
                     # held only by the entry (getrefcount counts its own argument too)
                     if sys.getrefcount(entry[0]) == 2]
+            short = [key for key, entry in self._lists.items() if len(entry[0]) < MIN_ITEMS]
             for key in dead:
                 entry = self._lists.pop(key)
                 gone.append(entry[0])
-                if entry[1]:
-                    candidates.append(entry[1])
+                candidates.append(entry[1])
                 del entry
+            for key in short:
+                if key in self._lists:
+                    released.append(self._lists.pop(key)[1])
+            for _, segments in self._lists.values():
+                released += _stale(segments)
         gone.clear()  # the lists go now, with what only they held
-        drop: list[list[_Segment]] = []
         first: Any = None
         for segments in candidates:
+            released += _stale(segments)
+            if not segments or segments[0] is _EMPTY:
+                released.append(segments)
+                continue
             first = segments[0].items[0]
             # held by the segment, ``first`` and getrefcount's argument: no list can start
             # with it any more (a window slid past it)
             if sys.getrefcount(first) <= 3:
-                drop.append(segments)
+                released.append(segments)
                 continue
             with self._lock:
-                if self._orphans.setdefault(id(first), segments) is not segments:
-                    drop.append(segments)
+                self._orphans.setdefault(id(first), []).append(segments)
         first = None
         candidates.clear()
-        for segments in drop:
+        for segments in released:
             _release_all(segments)
-        drop.clear()
+        released.clear()
 
     def settle(self) -> None:
-        """After a dump: drop the segments no new list took over, and what the dump's own
-        dropped segments left out of their pickles (outside the lock: these may go now)."""
+        """After a dump: drop the segments no new list took over, and what the segments
+        dropped during the dump held (outside the lock: these may go now)."""
         with self._lock:
-            left = list(self._orphans.values())
+            self._dumps -= 1
+            if self._dumps:
+                return  # another dump still goes on: the last one settles
+            left = [segments for group in self._orphans.values() for segments in group]
             self._orphans.clear()
             kept, self._kept = self._kept, []
         for segments in left:
@@ -315,21 +337,30 @@ class SegmentCache:
         kept.clear()
 
     def _drop(self, segments: list[_Segment]) -> None:
-        """Release segments during a dump.  Their other items (immutable values, flat dicts of
-        such) go with them, which nothing can see; the items they left out for their kind
-        (lists, objects: any finalizer) are kept until :meth:`settle`, so that none runs
-        half-way through the dump."""
+        """Release segments during a dump.  Immutable items and flat dicts (of immutable
+        values) go with them, which nothing can see; anything else they held -- the holes
+        left out for their kind, a dict changed since to hold an object -- is kept until
+        :meth:`settle`, so that no finalizer runs half-way through the dump."""
         for seg in segments:
             seg.release()
-            if seg.holes:  # (a hole left out for being shared is a flat dict: no finalizer)
-                self._kept.extend(seg.items[i] for i in seg.holes if i not in seg.shared)
+            self._kept.extend(item for item in seg.items if _version(item) is _INELIGIBLE)
 
     def _adopt(self, lst: list[Any]) -> list[_Segment]:
         """The segments a list the cache does not know takes over: those of a list gone since
-        :meth:`sweep` that started with the same item (checked by ``_walk`` as any others)."""
+        :meth:`sweep` whose first segment holds the same items as this list's start (each
+        is then checked by ``_walk`` as any other)."""
         if not lst:  # (emptied by another thread since _reduce looked)
             return []
-        return self._orphans.pop(id(lst[0]), None) or []
+        group = self._orphans.get(id(lst[0]))
+        if not group:
+            return []
+        check = native().segment_unchanged
+        for i, segments in enumerate(group):
+            head = segments[0]
+            if check(lst, 0, head.items, (None,) * len(head.items)):  # (the pointers only)
+                del group[i]
+                return segments
+        return []
 
     def _walk(self, lst: list[Any], segments: list[_Segment], nat: Any) -> int:
         """Bring ``segments`` (the list's, from the previous dump) up to date with ``lst``:
@@ -350,7 +381,9 @@ class SegmentCache:
         for k, (start, size) in enumerate(spans):
             if k < len(segments):
                 seg = segments[k]
-                if len(seg.items) != size:
+                if seg is _EMPTY:
+                    pass  # dropped by sweep(): recorded again below
+                elif len(seg.items) != size:
                     # cut differently (the list filled a SEGMENT, or shrank): the segments
                     # from here covered what this span now covers, and hold its dicts
                     self._drop(segments[k:])
@@ -384,8 +417,9 @@ class SegmentCache:
             for _, segments in self._lists.values():
                 _release_all(segments)
             self._lists.clear()
-            for segments in self._orphans.values():
-                _release_all(segments)
+            for group in self._orphans.values():
+                for segments in group:
+                    _release_all(segments)
             self._orphans.clear()
             self._kept.clear()
 
@@ -402,6 +436,19 @@ def _unshared(nat: Any, lst: list[Any], start: int, seg: _Segment) -> bool:
     is then recorded again, with it (a hole costs a pickle at every dump)."""
     still = nat.segment_shared(lst, start, seg.items)
     return any(i not in still for i in seg.shared)
+
+
+def _stale(segments: list[_Segment]) -> list[list[_Segment]]:
+    """Replace by ``_EMPTY`` each of ``segments`` holding a hole left out for its kind that
+    nothing but the segment holds any more (it left the list); returns them, each in a list
+    of its own, for the caller to release."""
+    out = []
+    for k, seg in enumerate(segments):
+        if seg.holes and any(sys.getrefcount(seg.items[i]) <= 2  # (the items, the argument)
+                             for i in seg.holes if i not in seg.shared):
+            segments[k] = _EMPTY
+            out.append([seg])
+    return out
 
 
 def _release_all(segments: list[_Segment]) -> None:
