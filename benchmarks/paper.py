@@ -505,8 +505,8 @@ def steady_continuation_slower(raw: dict[str, Any]) -> Verdict:
 
 
 def checkpoint_overhead_grows_slowly(raw: dict[str, Any]) -> Verdict:
-    """"The overhead is not a fixed cost: at 1 MiB it is ... its value at 1 KiB, far less
-    than in proportion to a state about a thousand times larger, and only at 10 MiB is it
+    """"The overhead is not a fixed cost: it grows with the state (at least twice over from
+    1 KiB to 1 MiB), though far more slowly than the state does, and only at 10 MiB is it
     below the floor" (§5): the overhead at 1 MiB is at least twice that at 1 KiB (the
     smallest state) and grows by at most a tenth of the factor the state grows by; the
     overhead / floor ratio is below 1 at the largest state, 10 MiB, and at no other."""
