@@ -461,3 +461,44 @@ def test_the_agents_modules_are_found_through_links_and_others_are_not(tmp_path:
     assert not state._judge(module("lib", other / "lib.py"))
     assert not state._judge(module("tcc.fake", agent_dir / "helper.py"))  # tcc's own
     assert not state._judge(module("missing", tmp_path / "gone" / "x.py"))
+
+
+def test_module_verdicts_are_kept_for_the_process_and_redone_for_a_new_module(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each recovery builds a ModuleState; in a long-lived process (a worker) it judges only
+    the modules it has not seen, and a module imported again (a new object under the same
+    name) is judged again, so a verdict never outlives the module it was made for."""
+    import sys
+    import types
+
+    from tcc.runtime import _globals
+
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    (agent_dir / "main.py").write_text("X = 1\n")
+    (agent_dir / "helper_mod_v.py").write_text("X = 1\n")
+    script = types.ModuleType("__tcc_script_main_v")
+    script.__file__ = str(agent_dir / "main.py")
+    judged: list[str] = []
+    real = _globals.ModuleState._judge
+
+    def counting(self: _globals.ModuleState, module: types.ModuleType) -> bool:
+        judged.append(module.__name__)
+        return real(self, module)
+
+    monkeypatch.setattr(_globals.ModuleState, "_judge", counting)
+    helper = types.ModuleType("helper_mod_v")
+    helper.__file__ = str(agent_dir / "helper_mod_v.py")
+    monkeypatch.setitem(sys.modules, "helper_mod_v", helper)
+    first = _globals.ModuleState(script)
+    assert helper in first._modules
+    assert "helper_mod_v" in judged and len(judged) > 10  # every loaded module, once
+    judged.clear()
+    second = _globals.ModuleState(script)
+    assert judged == [] and helper in second._modules
+    again = types.ModuleType("helper_mod_v")  # re-imported: another object
+    again.__file__ = str(tmp_path / "elsewhere.py")
+    monkeypatch.setitem(sys.modules, "helper_mod_v", again)
+    third = _globals.ModuleState(script)
+    assert judged == ["helper_mod_v"]
+    assert again not in third._modules and helper not in third._modules
