@@ -11,7 +11,7 @@ server (the URL's user must be allowed to CREATE DATABASE).  What is measured, i
 
 1. **the floor**: a bare single-row ``INSERT`` + ``COMMIT`` with psycopg 3, median per op, in
    blocks taken before every repetition round (their spread is a contention gauge);
-2. **tcc on its PostgreSQL store** (``benchmarks/agent.py``, its fake LLM, continuation
+2. **tcc on its PostgreSQL store** (``benchmarks/agent/agent.py``, its fake LLM, continuation
    strategy): per-step overhead, and recovery after a SIGKILL at the start of step N-1,
    in-process (open store -> first new effect) and whole process (``tcc resume`` spawned ->
    first new effect), as ``benchmarks.recovery`` measures them on LMDB (``peers/pg_tcc.py``);

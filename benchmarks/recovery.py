@@ -50,7 +50,7 @@ import time
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-AGENT = str(ROOT / "benchmarks" / "agent.py")
+AGENT = str(ROOT / "benchmarks" / "agent" / "agent.py")
 RESULTS = ROOT / "benchmarks" / "results"
 
 PROFILES = {

@@ -1,4 +1,4 @@
-"""Child process for tcc as a peer: one run of ``benchmarks/agent.py`` on the LMDB store,
+"""Child process for tcc as a peer: one run of ``benchmarks/agent/agent.py`` on the LMDB store,
 measured by the same driver (``_harness.run_peer``) and at the same points as DBOS and
 LangGraph, so that no system is timed in a warmer process than another.
 
@@ -35,7 +35,7 @@ from tcc.store import open_store  # noqa: E402
 
 import _agent  # noqa: E402  (a sibling: the agent's shared messages)
 
-AGENT = str(pathlib.Path(__file__).resolve().parent.parent / "agent.py")
+AGENT = str(pathlib.Path(__file__).resolve().parent.parent / "agent" / "agent.py")
 agent = runtime.load_script(AGENT)
 
 T_IMPORTED = time.time()

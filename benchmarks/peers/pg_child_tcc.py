@@ -1,9 +1,9 @@
-"""Child process for tcc on its PostgreSQL store: the crash run of ``benchmarks/agent.py``.
+"""Child process for tcc on its PostgreSQL store: the crash run of ``benchmarks/agent/agent.py``.
 
 Usage: python pg_child_tcc.py '<json args>' with keys n, regime, work_iters (agent.py's
 arguments), url (postgresql:// URL of an initialised store), key_file, out (result JSON).
 
-Opens the store, starts run ``bench`` of ``benchmarks/agent.py`` with the continuation
+Opens the store, starts run ``bench`` of ``benchmarks/agent/agent.py`` with the continuation
 strategy (what ``tcc run --run-id bench AGENT N REGIME ITERS`` does, through the same
 ``tcc.runtime.start``) and, at the START of step n-1's effect body (its intent is journaled,
 its completion is not, as with ``BENCH_KILL_AT``), writes {"t_begin", "t_kill"} and SIGKILLs
@@ -29,7 +29,7 @@ import _agent  # noqa: E402  (a sibling: the agent's shared messages)
 
 T_IMPORTED = time.time()
 
-AGENT = str(pathlib.Path(__file__).resolve().parent.parent / "agent.py")
+AGENT = str(pathlib.Path(__file__).resolve().parent.parent / "agent" / "agent.py")
 ARGS = json.loads(sys.argv[1])
 N: int = ARGS["n"]
 _marks: dict[str, float] = {"t_proc": T_PROC, "t_imported": T_IMPORTED}

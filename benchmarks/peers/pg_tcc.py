@@ -4,7 +4,7 @@ The same measurements ``benchmarks.recovery`` takes on LMDB, on a store that is 
 and a key file (``tcc init --store URL --key-file PATH``; every later command and
 ``open_store`` get both, here through ``$TCC_STORE`` / ``$TCC_STORE_KEY_FILE`` for the CLI):
 
-1. **crash** (``pg_child_tcc.py``): run ``bench`` of ``benchmarks/agent.py``, continuation
+1. **crash** (``pg_child_tcc.py``): run ``bench`` of ``benchmarks/agent/agent.py``, continuation
    strategy, SIGKILLed at the start of step n-1; per-step overhead = (t_kill - t_begin) /
    (n - 1) - the bare loop's step, as the peers' children measure it;
 2. **in-process recovery**, in this process as ``recovery.in_process`` does it: open the
@@ -33,7 +33,7 @@ from .pg_server import Server
 
 CHILD = pathlib.Path(__file__).resolve().with_name("pg_child_tcc.py")
 NOTES = (
-    "tcc {version} on its PostgreSQL store (the benchmark's server), benchmarks/agent.py,"
+    "tcc {version} on its PostgreSQL store (the benchmark's server), benchmarks/agent/agent.py,"
     " continuation strategy (a snapshot after every effect), durability sync. Crash run:"
     " pg_child_tcc.py (tcc.runtime.start, what `tcc run` calls). In-process recovery is"
     " measured in the harness process as benchmarks.recovery does (store open -> first new"

@@ -3,7 +3,7 @@
 table sets like against like (``benchmarks.recovery`` also times tcc in-process in the
 harness itself, for its strategies; this module is what the peer table compares).
 
-tcc runs ``benchmarks/agent.py`` (the contract in ``__init__.py``) with the continuation
+tcc runs ``benchmarks/agent/agent.py`` (the contract in ``__init__.py``) with the continuation
 strategy on the embedded LMDB store, default durability ``sync``, default retention (the
 newest 3 snapshots).
 """

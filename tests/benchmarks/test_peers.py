@@ -168,3 +168,24 @@ def test_tcc_measured_as_a_peer(tmp_path: pathlib.Path, regime: str, work_ms: fl
     assert res["storage_bytes_at_crash"] % 512 == 0 and res["storage_bytes"] % 512 == 0
     crashed = tmp_path / f"tcc-{regime}-n10-w{work_ms:g}-r1" / "store"
     assert (crashed / "data.mdb").exists()
+
+
+def test_in_process_runs_of_the_benchmark_agent_leave_the_harness_alone(
+        tmp_path: pathlib.Path) -> None:
+    """The harness runs tcc in its own process for some sections.  The agent's snapshots then
+    record the module-level data of the agent's folder only: not the harness's own globals,
+    which a step would pickle too and a recovery would write back over the live harness
+    (``benchmarks/agent/agent.py`` has a folder of its own for that)."""
+    from benchmarks import recovery
+
+    from tcc import runtime
+    from tcc.runtime._globals import ModuleState
+    from tcc.store import open_store
+
+    agent = runtime.load_script(recovery.AGENT)
+    state = ModuleState(agent)
+    assert {m.__name__ for m in state._modules} == {agent.__name__}
+    assert set(state.capture()) == {agent.__name__}
+    with open_store(tmp_path / "store") as st:
+        outcome = runtime.start(st, recovery.AGENT, ["5", "grow", "0"], strategy="continuation")
+    assert outcome.status == "completed" and outcome.result == independent_result(5)

@@ -13,6 +13,12 @@ Environment hooks (used by the harness):
 * ``BENCH_FIRST=path``  the first step executed in this process writes
                         ``time.time()`` to ``path`` and exits at once -- the
                         moment recovery issues its first new effect.
+
+It has a folder of its own: a snapshot records the module-level data of the modules in the
+script's folder (``tcc.runtime._globals``), and the harness runs some sections in-process,
+with its own modules loaded.  Next to them, every tcc step of those sections would also
+pickle the harness's globals (its profiles, its shuffling ``random.Random``), and every
+in-process recovery would write their snapshot values back over the live harness.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 import tcc
 
-_PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers")
+_PEERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "peers")
 if _PEERS not in sys.path:
     sys.path.insert(0, _PEERS)
 import _agent  # noqa: E402  the peers' shared agent: the same messages, sizes and checks
