@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from benchmarks import provenance
 from benchmarks.report import (
-    MIN_FOR_INTERVAL, ci95, count, med, ms, ms_ci, peer_reference, ratio_cell, ratio_ci95, regime_label,
+    MIN_FOR_INTERVAL, count, med, ms, ms_ci, peer_reference, ratio_cell, ratio_ci95, regime_label,
     share, times,
 )
 
