@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import math
 import pathlib
+import sys
 
 import pytest
 
@@ -171,7 +172,7 @@ def test_tcc_measured_as_a_peer(tmp_path: pathlib.Path, regime: str, work_ms: fl
 
 
 def test_in_process_runs_of_the_benchmark_agent_leave_the_harness_alone(
-        tmp_path: pathlib.Path) -> None:
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The harness runs tcc in its own process for some sections.  The agent's snapshots then
     record the module-level data of the agent's folder only: not the harness's own globals,
     which a step would pickle too and a recovery would write back over the live harness
@@ -179,9 +180,12 @@ def test_in_process_runs_of_the_benchmark_agent_leave_the_harness_alone(
     from benchmarks import recovery
 
     from tcc import runtime
+    from tcc.runtime import _scripts
     from tcc.runtime._globals import ModuleState
     from tcc.store import open_store
 
+    # another test's script named agent.py loads under the same module name: set it aside
+    monkeypatch.delitem(sys.modules, _scripts.module_name(recovery.AGENT), raising=False)
     agent = runtime.load_script(recovery.AGENT)
     state = ModuleState(agent)
     assert {m.__name__ for m in state._modules} == {agent.__name__}
@@ -189,3 +193,4 @@ def test_in_process_runs_of_the_benchmark_agent_leave_the_harness_alone(
     with open_store(tmp_path / "store") as st:
         outcome = runtime.start(st, recovery.AGENT, ["5", "grow", "0"], strategy="continuation")
     assert outcome.status == "completed" and outcome.result == independent_result(5)
+    sys.modules.pop(agent.__name__, None)

@@ -88,9 +88,14 @@ def _dir_id(folder: str) -> tuple[int, int] | None:
 # long-lived process (a worker, a harness) judges only the modules imported since the last
 # one instead of all of them again (~3 ms with ~230 modules loaded, most of it an ``lstat``
 # per module).  The weak reference tells a module from a later one that reuses its id (a
-# module imported again is another object, judged again) and keeps nothing alive.
-_VERDICTS: dict[int, tuple[weakref.ref[Any], dict[str, bool]]] = {}
+# module imported again is another object, judged again) and keeps nothing alive; the rare
+# module object that takes no weak reference is held instead.
+_VERDICTS: dict[int, tuple[Callable[[], Any], dict[str, bool]]] = {}
 _VERDICTS_LIMIT = 1 << 14
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _in_site_packages(path: str) -> bool:
@@ -127,9 +132,10 @@ class ModuleState:
         entry = _VERDICTS.get(id(module))
         if entry is None or entry[0]() is not module:
             try:
-                entry = (weakref.ref(module), {})
-            except TypeError:  # (a sys.modules entry that takes no weak reference)
-                return self._judge(module)
+                ref: Callable[[], Any] = weakref.ref(module)
+            except TypeError:  # a module object that takes no weak reference (a cffi ``lib``):
+                ref = functools.partial(_same, module)  # held, as sys.modules holds it
+            entry = (ref, {})
             if len(_VERDICTS) >= _VERDICTS_LIMIT:
                 _VERDICTS.clear()
             _VERDICTS[id(module)] = entry
