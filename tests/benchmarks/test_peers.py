@@ -185,7 +185,11 @@ def test_in_process_runs_of_the_benchmark_agent_leave_the_harness_alone(
     from tcc.store import open_store
 
     # another test's script named agent.py loads under the same module name: set it aside
-    monkeypatch.delitem(sys.modules, _scripts.module_name(recovery.AGENT), raising=False)
+    # (monkeypatch puts it back, and takes this test's agent out, whatever the outcome), as
+    # sys.path, to which loading a script adds its folder
+    monkeypatch.setitem(sys.modules, _scripts.module_name(recovery.AGENT), None)
+    monkeypatch.delitem(sys.modules, _scripts.module_name(recovery.AGENT))
+    monkeypatch.setattr(sys, "path", list(sys.path))
     agent = runtime.load_script(recovery.AGENT)
     state = ModuleState(agent)
     assert {m.__name__ for m in state._modules} == {agent.__name__}
@@ -193,4 +197,3 @@ def test_in_process_runs_of_the_benchmark_agent_leave_the_harness_alone(
     with open_store(tmp_path / "store") as st:
         outcome = runtime.start(st, recovery.AGENT, ["5", "grow", "0"], strategy="continuation")
     assert outcome.status == "completed" and outcome.result == independent_result(5)
-    sys.modules.pop(agent.__name__, None)

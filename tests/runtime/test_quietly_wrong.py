@@ -502,3 +502,18 @@ def test_module_verdicts_are_kept_for_the_process_and_redone_for_a_new_module(
     third = _globals.ModuleState(script)
     assert judged == ["helper_mod_v"]
     assert again not in third._modules and helper not in third._modules
+    # the same object pointed at another file (a loader that sets __file__ late) is judged
+    # again, not given the verdict made for its old file
+    judged.clear()
+    again.__file__ = str(agent_dir / "helper_mod_v.py")
+    fourth = _globals.ModuleState(script)
+    assert judged == ["helper_mod_v"] and again in fourth._modules
+    # one module judged for many agent folders keeps a bounded number of verdicts
+    for k in range(3 * _globals._FOLDERS_LIMIT):
+        other = tmp_path / f"agent{k}"
+        other.mkdir()
+        (other / "main.py").write_text("X = 1\n")
+        elsewhere = types.ModuleType(f"__tcc_script_main_v{k}")
+        elsewhere.__file__ = str(other / "main.py")
+        _globals.ModuleState(elsewhere)
+    assert len(_globals._VERDICTS[id(again)][1]) <= _globals._FOLDERS_LIMIT

@@ -83,15 +83,19 @@ def _dir_id(folder: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-# id(module) -> (a weak reference to the module, {agent folder: whether the module is in
-# that folder}): shared by every ModuleState of the process, so that a recovery in a
+# id(module) -> (a weak reference to the module, {(agent folder, the module's __file__ and
+# __name__ then): whether the module is in that folder}): shared by every ModuleState of the process, so that a recovery in a
 # long-lived process (a worker, a harness) judges only the modules imported since the last
 # one instead of all of them again (~3 ms with ~230 modules loaded, most of it an ``lstat``
 # per module).  The weak reference tells a module from a later one that reuses its id (a
 # module imported again is another object, judged again) and keeps nothing alive; the rare
-# module object that takes no weak reference is held instead.
-_VERDICTS: dict[int, tuple[Callable[[], Any], dict[str, bool]]] = {}
+# module object that takes no weak reference is held instead.  A verdict is keyed by the
+# module's ``__file__`` and ``__name__`` too, which decide it: a module that changes either is
+# judged again.  Both maps are bounded (cleared when full): a process that loads agents from
+# many folders, or whose modules change their files, judges again rather than grows.
+_VERDICTS: dict[int, tuple[Callable[[], Any], dict[tuple[str, Any, Any], bool]]] = {}
 _VERDICTS_LIMIT = 1 << 14
+_FOLDERS_LIMIT = 16  # verdicts kept per module
 
 
 def _same(value: Any) -> Any:
@@ -140,16 +144,19 @@ class ModuleState:
                 _VERDICTS.clear()
             _VERDICTS[id(module)] = entry
         known = entry[1]
-        verdict = known.get(self.folder)
+        key = (self.folder, getattr(module, "__file__", None), getattr(module, "__name__", None))
+        verdict = known.get(key)
         if verdict is None:
-            verdict = known[self.folder] = self._judge(module)
+            if len(known) >= _FOLDERS_LIMIT:
+                known.clear()
+            verdict = known[key] = self._judge(module)
         return verdict
 
     def _judge(self, module: types.ModuleType) -> bool:
         """Whether ``module`` (not the script's own) is a module of the agent's folder.  The
         answer depends only on the folder and the module's ``__file__`` and name, which
         ``_VERDICTS`` caches per module object (a re-imported module is another object, judged
-        again)."""
+        again) and per value of those three."""
         if module is self.script:
             return True
         file = getattr(module, "__file__", None)
