@@ -182,3 +182,76 @@ def test_a_fork_resumed_once_is_known_to_have_run_though_its_resumed_event_was_l
     assert json.loads(done.stdout)["result"] == "a h (found)"
     fork_lines = [line for line in ledger.read_text().splitlines() if line.startswith(fork_id)]
     assert len(fork_lines) == 1, ledger.read_text()
+
+
+# Both backends (tests/store/conftest.py ``site``): PostgreSQL writes a deferred event in
+# the statement of the handle's next write, fenced by its writer's epoch there too.
+
+
+def test_a_deferred_event_rides_with_the_next_step_write_on_both_backends(site) -> None:
+    from tcc.store import Completion
+
+    with site.open() as store:
+        run = store.create_run("agent.py:main", run_id="r")
+        store.claim_run("r")
+        epoch = store.get_run("r").epoch
+        before = _kinds(store, "r")
+        t0 = time.time()
+        store.add_event("r", "resumed", {"snapshot": 3}, epoch=epoch, deferred=True)
+        store.add_event("r", "in_doubt_reissued", {"attempt": 2}, epoch=epoch, deferred=True)
+        assert _kinds(store, "r") == before  # not written yet
+        time.sleep(0.05)
+        # the next write: on PostgreSQL the intent's statement (LMDB journals an intent in
+        # flight, with no commit of its own: there the step's commit is the next one)
+        seq = store.append_intent("r", epoch, "step", b"0")
+        if site.backend == "postgres":
+            assert _kinds(store, "r") == before + ["resumed", "in_doubt_reissued"]
+        store.add_event("r", "verified", {}, epoch=epoch, deferred=True)
+        store.checkpoint("r", epoch, b"state", completion=Completion(seq, result=b"ok"))
+        events = store.events("r")
+        assert [e.kind for e in events] == before + ["resumed", "in_doubt_reissued", "verified"]
+        assert events[-3].data == {"snapshot": 3} and t0 <= events[-3].time < time.time() - 0.04
+        # and before an ordinary event the handle adds later
+        store.add_event("r", "parked", {}, epoch=epoch, deferred=True)
+        store.add_event("r", "noted", {"by": "owner"}, epoch=epoch)
+        assert _kinds(store, "r")[-2:] == ["parked", "noted"]
+        del run
+
+
+def test_a_deferred_event_of_a_writer_taken_over_is_void_on_both_backends(site) -> None:
+    with site.open() as store:
+        run = store.create_run("agent.py:main", run_id="r", lease=0.0)
+        other = store.create_run("agent.py:main", run_id="other")
+        store.add_event("r", "resumed", {}, epoch=run.epoch, deferred=True)
+        store.add_event("other", "resumed", {}, epoch=other.epoch, deferred=True)
+        with site.open() as thief:
+            thief.claim_run("r", steal=True)
+        store.add_event("other", "noted", {})  # this handle's next commit
+        assert "resumed" not in _kinds(store, "r")  # "r" moved on: void
+        assert "resumed" in _kinds(store, "other")
+
+
+def test_a_fenced_write_keeps_the_deferred_events_for_the_next_one_on_both_backends(site) -> None:
+    """A write that fails (fenced) commits nothing: the events wait for the next write."""
+    from tcc.errors import FencedError
+
+    with site.open() as store:
+        run = store.create_run("agent.py:main", run_id="r", lease=0.0)
+        other = store.create_run("agent.py:main", run_id="other")
+        store.add_event("other", "resumed", {}, epoch=other.epoch, deferred=True)
+        with site.open() as thief:
+            thief.claim_run("r", steal=True)
+        with pytest.raises(FencedError):
+            store.append_intent("r", run.epoch, "step", b"0")
+        assert "resumed" not in _kinds(store, "other")
+        store.add_event("other", "noted", {})
+        assert _kinds(store, "other")[-2:] == ["resumed", "noted"]
+
+
+def test_closing_the_handle_writes_what_was_deferred_on_both_backends(site) -> None:
+    store = site.open()
+    run = store.create_run("agent.py:main", run_id="r")
+    store.add_event("r", "resumed", {"n": 1}, epoch=run.epoch, deferred=True)
+    store.close()
+    with site.open() as again:
+        assert _kinds(again, "r")[-1] == "resumed"

@@ -481,8 +481,9 @@ class Store(Protocol):
         ``deferred`` (needs ``epoch``): the event may wait for the owner's next write
         (its step's commit, a park) instead of costing a durable commit of its own; it
         is then fenced by ``epoch`` when written, and lost if the process dies first.
-        For events a later crash makes redundant (``resumed``, ``in_doubt_*``).  A store
-        may write it at once (PostgreSQL does)."""
+        For events a later crash makes redundant (``resumed``, ``in_doubt_*``).  Both
+        stores write it with the handle's next write (LMDB in its transaction, PostgreSQL in
+        its statement), or when the handle closes; a store may also write it at once."""
         ...
 
     def events(self, run_id: str) -> list[Event]:

@@ -69,6 +69,7 @@ from ..errors import (
     StoreCorruptError,
     StoreError,
     StoreNotFoundError,
+    TccError,
     UsageError,
 )
 from ._api import (DURABILITIES, FINAL_STATUSES, FINISHED_STATUSES, HOST, RUN_STATUSES, Completion, Event,
@@ -116,6 +117,14 @@ def _psycopg() -> Any:
 
 
 _pool_log_quieted = False
+# The events a handle deferred (``add_event(deferred=True)``), written by its next write in
+# the same statement, in order, each only if its run is still at its writer's epoch (else
+# void, as a fenced write): parameters (run ids, epochs, sealed records, tenant).
+_DEFERRED_EVENTS = (
+    "deferred_events AS (INSERT INTO tcc.events (tenant, run_id, record) "
+    "SELECT r.tenant, r.run_id, d.record FROM unnest(%s::text[], %s::bigint[], %s::bytea[]) "
+    "WITH ORDINALITY AS d(run_id, epoch, record, n) JOIN tcc.runs r ON r.tenant = %s "
+    "AND r.run_id = d.run_id AND r.epoch = d.epoch ORDER BY d.n)")
 
 
 def _quiet_pool_log() -> None:
@@ -206,6 +215,9 @@ class PgStore:
         self._closed = False
         self._lock = threading.Lock()
         self._memos: dict[bytes, _Memo] = {}
+        # (run id, writer's epoch, sealed record) of each deferred event, oldest first
+        self._deferred: list[tuple[str, int, bytes]] = []
+        self._deferred_lock = threading.Lock()
         self._run_locks: dict[bytes, threading.Lock] = {}
         psycopg = _psycopg()
         self._errors = psycopg.errors
@@ -268,9 +280,52 @@ class PgStore:
 
     def close(self) -> None:
         if not self._closed:
+            if self._deferred and os.getpid() == self._pid:
+                try:  # events deferred to a write that never came: one now
+                    self._tx(lambda _conn: None, "writing deferred events", transaction=False)
+                except TccError:
+                    pass  # (fenced ones are void anyway; a lost server loses them, as a crash)
             self._closed = True
             if os.getpid() == self._pid:
                 self._pool.close()
+
+    # ------------------------------------------------------- deferred events
+    def _take_deferred(self) -> list[tuple[str, int, bytes]]:
+        with self._deferred_lock:
+            taken, self._deferred = self._deferred, []
+        return taken
+
+    def _give_back(self, taken: list[tuple[str, int, bytes]]) -> None:
+        """Events taken for a statement that did not commit: they wait for the next one."""
+        if taken:
+            with self._deferred_lock:
+                self._deferred[:0] = taken
+
+    def _folded(self, sql: str, params: tuple[Any, ...],
+                taken: list[tuple[str, int, bytes]]) -> tuple[str, tuple[Any, ...]]:
+        """``sql`` (one statement) with ``taken`` deferred events written by it too."""
+        if not taken:
+            return sql, params
+        runs, epochs, records = (list(column) for column in zip(*taken))
+        head = (runs, epochs, records, self.tenant)
+        if sql.startswith("WITH "):
+            return f"WITH {_DEFERRED_EVENTS}, {sql[5:]}", (*head, *params)
+        return f"WITH {_DEFERRED_EVENTS} {sql}", (*head, *params)
+
+    def _write(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+        """Execute one writing statement of this handle, the events deferred to it folded
+        into it (no round trip, no commit of their own).  Not committed (an error): they
+        wait for the next write; a lost connection (commit unknown) loses them, as a crash
+        would, rather than write them twice."""
+        taken = self._take_deferred()
+        sql, params = self._folded(sql, params, taken)
+        try:
+            return conn.execute(sql, params)
+        except self._OperationalError:
+            raise
+        except BaseException:
+            self._give_back(taken)
+            raise
 
     # ------------------------------------------------------------ connection
     def _open_schema(self, psycopg: Any, create: bool) -> None:
@@ -421,16 +476,25 @@ class PgStore:
     def _tx(self, fn: Callable[[Any], T], what: str, *, transaction: bool = True) -> T:
         """``fn(conn)`` in one transaction (``transaction=False``: ``fn`` writes with one
         statement, committed by itself); a lost connection is StoreConnectionError."""
+        taken = self._take_deferred()  # written first (see _write), in fn's transaction
         try:
             with self._conn() as conn:
                 if not transaction:
+                    if taken:
+                        conn.execute(*self._folded("SELECT 1", (), taken))  # their own commit
+                        taken = []
                     return fn(conn)
                 with conn.transaction():
+                    if taken:
+                        conn.execute(*self._folded("SELECT 1", (), taken))
                     return fn(conn)
         except self._OperationalError as exc:
             raise StoreConnectionError(
                 f"lost the connection to the PostgreSQL store {self.path} during {what}: "
                 f"{_reason(exc)}; whether it committed is unknown") from None
+        except BaseException:
+            self._give_back(taken)
+            raise
 
     def _memo(self, rid: bytes) -> _Memo:
         with self._lock:
@@ -961,8 +1025,8 @@ class PgStore:
             seq = memo.jlen
             assert seq is not None
             rec = self.sealer.seal(b"journal", seq_key(self.tenant_key, rid, seq), hdr, {"x": body})
-            conn.execute("SELECT tcc.append_intent(%s, %s, %s, %s, %s, %s)",
-                         (self.tenant, rid.decode(), epoch, seq, rec, self._sync_intents))
+            self._write(conn, "SELECT tcc.append_intent(%s, %s, %s, %s, %s, %s)",
+                        (self.tenant, rid.decode(), epoch, seq, rec, self._sync_intents))
             memo.jlen = seq + 1
             return seq
 
@@ -994,7 +1058,8 @@ class PgStore:
         def op(conn: Any, memo: _Memo) -> int:
             seq = memo.jlen
             assert seq is not None
-            conn.execute(
+            self._write(
+                conn,
                 "SELECT * FROM tcc.commit_step(%s, %s, %s, %s, %s, %s, %s, NULL, NULL, NULL, "
                 "NULL, NULL, NULL, %s)",
                 (self.tenant, rid.decode(), epoch, seq, c.intent_seq,
@@ -1102,7 +1167,8 @@ class PgStore:
                 hdr["g"] = depth
             rec = sealer.seal(b"snaps", seq_key(t, rid, number), hdr, blobs)
             comp = None if c is None else self._completion_record(rid, seq, c)
-            row = conn.execute(
+            row = self._write(
+                conn,
                 "SELECT * FROM tcc.commit_step(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
                 "%s::bytea[], %s::bytea[], %s)",
                 (self.tenant, rid.decode(), epoch, seq, None if c is None else c.intent_seq, comp,
@@ -1325,8 +1391,7 @@ class PgStore:
     # ----------------------------------------------------------------- events
     def add_event(self, run_id: str, kind: str, data: Mapping[str, Any] | None = None, *,
                   epoch: int | None = None, deferred: bool = False) -> None:
-        # ``deferred`` is written at once here: a commit is a round trip and a WAL flush,
-        # but the next one belongs to another connection of the pool
+        # ``deferred``: written by this handle's next write, in its statement (see _write)
         rid = self._rid(run_id)
         if deferred and epoch is None:
             raise ValueError("a deferred event needs its writer's epoch")
@@ -1340,6 +1405,11 @@ class PgStore:
         if epoch is not None:
             _check_epoch(epoch)
         record = self._event_record(rid, kind, data)
+        if deferred:
+            assert epoch is not None
+            with self._deferred_lock:
+                self._deferred.append((rid.decode(), epoch, record))
+            return
         key = (self.tenant, rid.decode())
 
         def op(conn: Any) -> None:
