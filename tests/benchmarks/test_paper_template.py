@@ -127,6 +127,19 @@ def _faster_replay_at_100(raw: dict[str, Any]) -> None:
     row["in_process_s"] = [x / 3 for x in row["in_process_s"]]
 
 
+def _faster_replay_at_100_with_1_mib(raw: dict[str, Any]) -> None:
+    row = _row(raw, regime=f"size:{1 << 20}", n=100, strategy="replay")
+    row["in_process_s"] = [x / 3 for x in row["in_process_s"]]
+
+
+def _overlapping_const(raw: dict[str, Any]) -> None:
+    """Every const continuation cell gets the samples of N = 100: all intervals overlap."""
+    same = _row(raw, regime="const", n=100, strategy="continuation")["in_process_s"]
+    for row in raw["recovery"]:
+        if row["regime"] == "const" and row["strategy"] == "continuation":
+            row["in_process_s"] = list(same)
+
+
 def _slower_replay_at_10(raw: dict[str, Any]) -> None:
     row = _row(raw, regime="const", n=10, strategy="replay")
     row["in_process_s"] = [x * 3 for x in row["in_process_s"]]
@@ -142,6 +155,8 @@ def _slower_replay_at_10(raw: dict[str, Any]) -> None:
     ("replay_faster_at_10", _slower_replay_at_10),
     ("checkpoint_overhead_grows_slowly", _flat_checkpoints),
     ("continuation_ahead_at_100", _faster_replay_at_100),
+    ("continuation_ahead_at_100", _faster_replay_at_100_with_1_mib),
+    ("const_intervals_apart", _overlapping_const),
 ])
 def test_a_claim_the_data_no_longer_supports_stops_the_render(raw: dict[str, Any], claim: str,
                                                             breaker: ClaimBreaker) -> None:
