@@ -19,7 +19,8 @@ server (the URL's user must be allowed to CREATE DATABASE).  What is measured, i
    ``PostgresSaver`` (durability="sync"): the same agent and measurements as
    ``peers/dbos_peer.py`` / ``peers/langgraph_peer.py`` on SQLite (``peers/pg_peers.py``).
 
-Repetitions are interleaved (floor, tcc, DBOS, LangGraph, floor, tcc, ...); every crash run
+Repetitions are interleaved, the systems in a new random order each round (floor, tcc, DBOS,
+LangGraph, floor, LangGraph, tcc, ...; ``--seed``, recorded); every crash run
 gets a fresh database.  Regime ``const`` has no work between steps, ``work`` 0.5 ms of CPU
 (one calibration shared by all).  Writes raw JSON (and the markdown table) to
 ``benchmarks/results/pg-PROFILE-TIME.{json,md}``.  Nothing about speed is asserted: the exit
@@ -32,12 +33,13 @@ import argparse
 import os
 import pathlib
 import platform
+import random
 import statistics
 import sys
 import tempfile
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks import provenance
 from benchmarks.peers import _agent, _harness, pg_peers, pg_server, pg_tcc
@@ -71,8 +73,28 @@ def make_case(system: str, srv: pg_server.Server, **kw: Any) -> Any:
     return pg_peers.PeerCase(system, srv, **kw)
 
 
+def installed_systems(names: list[str], log: Any) -> tuple[list[str], dict[str, str]]:
+    """The systems of ``names`` that can run here, and why each other one cannot."""
+    systems: list[str] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        if name == "tcc":
+            ok, why = pg_tcc.available()
+        else:
+            ok, why = pg_peers.available(name), f"{name} or its PostgreSQL saver is not installed"
+        if ok:
+            systems.append(name)
+        else:
+            skipped[name] = why
+            log(f"{name}: {why}; no numbers")
+    return systems, skipped
+
+
 def run(profile: dict[str, Any], systems: list[str], srv: pg_server.Server, work: pathlib.Path,
-        log: Any) -> dict[str, Any]:
+        log: Any, order: Callable[[list[str]], list[str]] | None = None) -> dict[str, Any]:
+    """Every system at every (regime, N) of ``profile``, one repetition of each per round
+    after a block of the floor, in ``order(systems)`` (default: a new random order per round)."""
+    shuffle = order or (lambda names: random.sample(names, len(names)))
     raw: dict[str, Any] = {"server_settings": srv.settings(), "server_origin": srv.origin,
                            "server_url": pg_server.redact(srv.base_url)}
     s = raw["server_settings"]
@@ -96,7 +118,7 @@ def run(profile: dict[str, Any], systems: list[str], srv: pg_server.Server, work
                     floor_ms = floor.sample(profile["floor_block"]) * 1e3
                     fsync_gauge.append(_harness.fsync_4k_median_s(work))
                     line = [f"{label:5} N={n:<6} r{r} floor {floor_ms:.3f} ms (fsync 4k {fsync_gauge[-1] * 1e3:.3f})"]
-                    for name in list(cases):  # interleaved: floor A B C, floor A B C ...
+                    for name in shuffle(list(cases)):  # interleaved: floor A C B, floor B A C ...
                         try:
                             cases[name].round(r)
                         except Exception as exc:  # one system failing must not lose the others' numbers
@@ -236,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", help="override the profile's N list")
     parser.add_argument("--repeats", type=int, help="override the profile's repetitions")
     parser.add_argument("--regimes", nargs="+", choices=["const", "work"], help="override the profile's regimes")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the shuffled order within rounds (default: a new one, recorded)")
     args = parser.parse_args(argv)
     profile_name = args.profile or "quick"
     profile = dict(PROFILES[profile_name])
@@ -246,18 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    systems: list[str] = []
-    skipped: dict[str, str] = {}
-    for name in args.systems:
-        if name == "tcc":
-            ok, why = pg_tcc.available()
-        else:
-            ok, why = pg_peers.available(name), f"{name} or its PostgreSQL saver is not installed"
-        if ok:
-            systems.append(name)
-        else:
-            skipped[name] = why
-            log(f"{name}: {why}; no numbers")
+    systems, skipped = installed_systems(args.systems, log)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    order = random.Random(seed)
     started = time.time()
     RESULTS.mkdir(parents=True, exist_ok=True)
     compile_bytecode()
@@ -265,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         work = pathlib.Path(tmp)
         os.chmod(work, 0o700)
         origin = provenance.begin(work)
-        raw = run(profile, systems, srv, work, log)
-    raw.update(provenance=provenance.end(origin), profile=profile_name, profile_settings=profile, python=platform.python_version(),
+        raw = run(profile, systems, srv, work, log, lambda names: order.sample(names, len(names)))
+    raw.update(order_seed=seed, provenance=provenance.end(origin), profile=profile_name, profile_settings=profile, python=platform.python_version(),
                machine=platform.machine(), cpus=os.cpu_count(), started=started, work_ms=WORK_MS,
                work_iters=work_iters(), systems=systems, skipped=skipped, elapsed_s=time.time() - started)
     for name, why in skipped.items():

@@ -29,12 +29,17 @@ the systems shuffled in every round with a recorded seed: A C B, B A C, ...):
 * the Young-Daly interval from the measured checkpoint cost, against a
   measured sweep of hybrid K;
 * DBOS and LangGraph running the same agent, when installed (``[peers]``): their
-  recovery, and their mean step in each regime next to tcc's.
+  recovery, and their mean step in each regime next to tcc's;
+* with ``--full``, the same three on one throw-away PostgreSQL server, each on its
+  production store there (tcc's PostgreSQL store, DBOS's ``system_database_url``,
+  LangGraph's ``PostgresSaver``), next to a bare ``INSERT`` + ``COMMIT``:
+  ``benchmarks/postgres.py``'s measurements, in this run's shuffled order.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -47,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -76,7 +82,11 @@ PROFILES = {
              "step_plan": [[regime, n, 5] for n in (100, 1000) for regime in ("const", "grow", "mutate")]
              + [["grow", 10000, 5]],
              "builds": 2, "state_n": 100,
-             "conditions": ["warm", "cold", "reboot"]},
+             "conditions": ["warm", "cold", "reboot"],
+             # tcc, DBOS and LangGraph on one PostgreSQL server (benchmarks/postgres.py), each
+             # on its production store there: ~10 minutes (DBOS replays N steps to recover)
+             "postgres": {"sizes": [1000, 10000], "repeats": 5, "regimes": ["const"],
+                          "floor_block": 500}},
 }
 WORK_MS = 0.5
 HYBRID_K = 16
@@ -603,6 +613,40 @@ def installed_peers(log: Any, *, variants: bool = False) -> list[tuple[str, Any]
     return found
 
 
+def postgres_section(profile: dict[str, Any], work: pathlib.Path, log: Any) -> dict[str, Any] | None:
+    """tcc (its PostgreSQL store), DBOS (``system_database_url``) and LangGraph
+    (``PostgresSaver``) on one throw-away PostgreSQL server, as ``benchmarks.postgres``
+    measures them (per-step overhead, in-process and whole-process recovery, storage; the
+    bare INSERT + COMMIT floor), with the profile's ``postgres`` settings and this run's
+    shuffled order.  None when the profile has no such section; ``{"not_run": why}`` when
+    no server can be started here (no PostgreSQL binaries) or no system is installed."""
+    spec = profile.get("postgres")
+    if spec is None:
+        return None
+    from benchmarks import postgres
+    from benchmarks.peers import pg_server
+
+    systems, skipped = postgres.installed_systems(list(postgres.SYSTEMS), log)
+    if not systems:
+        return {"not_run": "no system can run on PostgreSQL here: " + "; ".join(skipped.values())}
+    folder = work / "postgres"
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            srv = stack.enter_context(pg_server.server(None, log))
+        except (Exception, SystemExit) as exc:  # no initdb/postgres here: the rest stands
+            log(f"postgres: no server could be started ({exc}); section skipped")
+            return {"not_run": f"no PostgreSQL server could be started: {exc}"}
+        try:
+            raw = postgres.run(spec, systems, srv, folder, log, shuffled)
+        except Exception as exc:  # noqa: BLE001 -- keep the hour of numbers measured before
+            log(f"postgres: the section failed:\n{traceback.format_exc()}")
+            return {"not_run": f"the PostgreSQL section failed: {exc!r}"}
+    raw.update(profile_settings=spec, systems=systems, skipped=skipped)
+    raw["problems"] = postgres.check(raw, systems)
+    return raw
+
+
 def drop_caches() -> None:
     """Write back and drop the page cache (root only): the next process reads its
     interpreter, its libraries and the store from disk, as after a redeploy onto a host."""
@@ -751,6 +795,8 @@ def main(argv: list[str] | None = None) -> int:
         raw["young_daly"] = young_daly(profile, work, raw["checkpoint"], log)
         raw["peers"] = [] if args.no_peers else peers(profile, work, log)
         raw["step_costs"] = [] if args.no_peers else step_costs(profile, work, log)
+        if not args.no_peers and "postgres" in profile:
+            raw["postgres"] = postgres_section(profile, work, log)
     raw["elapsed_s"] = time.time() - started
     provenance.end(raw["provenance"])
     problems = check(raw)
@@ -798,6 +844,10 @@ def check(raw: dict[str, Any]) -> list[str]:
     for row in raw.get("step_costs", []):
         if not row["mean_step_s"] or not all(x > 0 for x in row["mean_step_s"]):
             problems.append(f"no step costs for {row['system']} at N={row['n']}")
+    pg = raw.get("postgres") or {}
+    problems += [f"postgres: {p}" for p in pg.get("problems", [])]
+    if "not_run" in pg:
+        problems.append(f"postgres: {pg['not_run']}")
     for row in raw["peers"]:
         if not row.get("in_process_s") or not row.get("whole_process_s"):
             problems.append(f"peer {row.get('peer')} produced no numbers at N={row.get('n')}")

@@ -223,6 +223,59 @@ def peer_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+def postgres_table(raw: dict[str, Any]) -> list[str]:
+    """The PostgreSQL section (``recovery.postgres_section``): every system on one server,
+    each against tcc and the bare INSERT + COMMIT floor; nothing when the run has none."""
+    pg = raw.get("postgres")
+    if not pg:
+        return []
+    if "not_run" in pg:
+        return [f"(not measured in this run: {pg['not_run']})"]
+    s, floor = pg["server_settings"], pg["floor"]
+    floor_s = floor["median_s"]
+    lines = [
+        f"PostgreSQL {s['server_version']} ({pg['server_origin']} server on this machine), "
+        f"fsync={s['fsync']}, synchronous_commit={s['synchronous_commit']}, "
+        f"wal_sync_method={s['wal_sync_method']}. Floor: a single-row `INSERT` + `COMMIT` "
+        f"(psycopg 3) {floor_s * 1e3:.3f} ms median of {floor['iterations']:,}. Each "
+        "repetition is a crash run (SIGKILL at the start of step N-1) in a new database, "
+        "in-process recovery in the harness for tcc (as above) and in a fresh child for the "
+        "peers, and whole-process recovery spawned; per-step overhead is the crash run's mean "
+        "step minus the bare loop's.",
+        "",
+        "| system | regime | N | per-step overhead (ms) | / floor | step / tcc | in-process (ms) "
+        "| in-process / tcc | whole process (ms) | whole / tcc | stored after N (bytes) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [r for r in pg["rows"] if not r.get("missing")]
+    tcc = {(r["regime"], r["n"]): r for r in rows if r["system"] == "tcc"}
+    polls = []
+    for r in sorted(rows, key=lambda r: (r["regime"], r["n"], r["system"] != "tcc", r["system"])):
+        t = tcc.get((r["regime"], r["n"]))
+
+        def vs(key: str, r: dict[str, Any] = r, t: dict[str, Any] | None = t) -> str:
+            return "—" if t is None or r is t else ratio_cell(r[key], t[key])
+
+        lines.append(
+            f"| {r['system']} {r.get('version', '')} | {r['regime']} | {r['n']:,} | {ms_ci(r['per_step_s'])} "
+            f"| {times(med(r['per_step_s']) / floor_s, 1)} | {vs('per_step_s')} | {ms_ci(r['in_process_s'])} "
+            f"| {vs('in_process_s')} | {ms_ci(r['whole_process_s'])} | {vs('whole_process_s')} "
+            f"| {count(r['storage_after_n']['tables'])} |")
+        excl = r.get("breakdown_s", {}).get("in_process_excl_poll_s")
+        if excl:
+            polls.append(f"{r['system']} {r['regime']} N={r['n']:,}: {ms_ci(excl)} ms without its queue poll "
+                         f"(the poll wait: {ms(med(r['breakdown_s']['queue_poll_wait_s']))} ms)")
+    for r in pg["rows"]:
+        if r.get("missing"):
+            lines.append(f"| {r['system']} | {r['regime']} | {r['n']:,} | not measured: "
+                         f"{r.get('why', 'it failed (see problems)')} | | | | | | | |")
+    if polls:
+        lines += ["", "In-process recovery without DBOS's queue poll interval:", ""] + [f"- {p}" for p in polls]
+    if pg.get("problems"):
+        lines += ["", "Problems:", ""] + [f"- {p}" for p in pg["problems"]]
+    return lines
+
+
 def checkpoint_table(raw: dict[str, Any]) -> list[str]:
     lines = [
         "| state | snapshot bytes | step, snapshot each effect (ms) | step, journal only (ms) "
@@ -421,6 +474,8 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
         "## Checkpoint overhead per step vs state size", "", *checkpoint_table(raw), "",
         "## Steady-state step (median of the last 100 steps of a run)", "", *steady_table(raw), "",
         "## Step cost per regime, tcc next to the peers", "", *step_cost_table(raw), "",
+        *(["## On one PostgreSQL server: tcc, DBOS and LangGraph on their production stores", "",
+           *postgres_table(raw), ""] if raw.get("postgres") else []),
         "## Store bytes per step (allocated store size / steps run)", "", *bytes_table(raw), "",
         "## Young-Daly interval vs measured hybrid K", "", *young_daly_table(raw), "",
     ]
@@ -433,7 +488,9 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
     summary = [BEGIN, "", header, "", "In-process recovery:", "", *recovery_table(raw, "in_process_s"), "",
                "Steady-state step:", "", *steady_table(raw), "",
                "Step cost per regime, next to the peers:", "", *step_cost_table(raw), "",
-               "Peers:", "", *peer_table(raw), "", END]
+               "Peers:", "", *peer_table(raw), "",
+               *(["On one PostgreSQL server:", "", *postgres_table(raw), ""] if raw.get("postgres") else []),
+               END]
     text = BENCH_README.read_text() if BENCH_README.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN in text and END in text:
         text = text[: text.index(BEGIN)] + "\n".join(summary) + text[text.index(END) + len(END):]

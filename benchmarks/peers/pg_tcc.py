@@ -7,9 +7,10 @@ and a key file (``tcc init --store URL --key-file PATH``; every later command an
 1. **crash** (``pg_child_tcc.py``): run ``bench`` of ``benchmarks/agent/agent.py``, continuation
    strategy, SIGKILLed at the start of step n-1; per-step overhead = (t_kill - t_begin) /
    (n - 1) - the bare loop's step, as the peers' children measure it;
-2. **in-process recovery**, in this process as ``recovery.in_process`` does it: open the
-   store -> ``runtime.resume`` -> the first new effect, on a copy of the crashed database
-   (``CREATE DATABASE ... TEMPLATE``: recovery writes to the store);
+2. **in-process recovery** in a fresh child (``pg_child_tcc.py`` recover), timed as the
+   peers' children time theirs: t0 just before the store is opened, tcc, psycopg and the
+   agent imported before it -> ``runtime.resume`` -> the first new effect, on a copy of the
+   crashed database (``CREATE DATABASE ... TEMPLATE``: recovery writes to the store);
 3. **whole-process recovery** as ``recovery.whole_process``: ``tcc resume bench`` spawned ->
    the first new effect (``BENCH_FIRST``), on the crashed database itself;
 4. after the last round, ``tcc resume --json bench`` on a third copy runs to the end: the
@@ -18,7 +19,6 @@ and a key file (``tcc init --store URL --key-file PATH``; every later command an
 
 from __future__ import annotations
 
-import inspect
 import json
 import pathlib
 import subprocess
@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.recovery import AGENT, env_for, tcc_cmd
+from benchmarks.recovery import env_for, tcc_cmd
 
 from . import _harness
 from .pg_server import Server
@@ -36,9 +36,9 @@ NOTES = (
     "tcc {version} on its PostgreSQL store (the benchmark's server), benchmarks/agent/agent.py,"
     " continuation strategy (a snapshot after every effect), durability sync. Crash run:"
     " pg_child_tcc.py (tcc.runtime.start, what `tcc run` calls). In-process recovery is"
-    " measured in the harness process as benchmarks.recovery does (store open -> first new"
-    " effect, tcc and psycopg already imported), on a CREATE DATABASE ... TEMPLATE copy of the"
-    " crashed store; whole process = `tcc resume bench` spawned -> first new effect."
+    " measured in a fresh child as the peers' (pg_child_tcc.py recover: store open -> first new"
+    " effect, tcc, psycopg and the agent imported before t0), on a CREATE DATABASE ... TEMPLATE"
+    " copy of the crashed store; whole process = `tcc resume bench` spawned -> first new effect."
 )
 
 
@@ -57,53 +57,6 @@ def version() -> str:
     from tcc import _version
 
     return str(getattr(_version, "__version__", getattr(_version, "version", "?")))
-
-
-def _store_kwargs(key_file: str) -> dict[str, Any]:
-    from tcc.store import open_store
-
-    params = inspect.signature(open_store).parameters
-    kwargs: dict[str, Any] = {"create": False} if "create" in params else {}
-    if "key_file" in params:
-        kwargs["key_file"] = key_file
-    return kwargs
-
-
-def in_process(url: str, key_file: str) -> float:
-    """Open the store -> ``runtime.resume`` -> first new effect (``recovery.in_process``)."""
-    import os
-
-    from tcc import runtime
-    from tcc.store import open_store
-
-    kwargs = _store_kwargs(key_file)
-    saved = {k: os.environ.get(k) for k in ("TCC_STORE", "TCC_STORE_KEY_FILE")}
-    os.environ["TCC_STORE"], os.environ["TCC_STORE_KEY_FILE"] = url, key_file
-    agent = runtime.load_script(AGENT)
-    seen: list[float] = []
-
-    def hook(_i: int) -> None:
-        seen.append(time.perf_counter())
-        raise agent.FirstEffect
-
-    agent.Harness.in_process_hook[:] = [hook]
-    try:
-        t0 = time.perf_counter()
-        with open_store(url, **kwargs) as st:
-            try:
-                runtime.resume(st, "bench")
-            except agent.FirstEffect:
-                pass
-    finally:
-        agent.Harness.in_process_hook.clear()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    if not seen:
-        raise RuntimeError("in-process recovery never reached a new effect")
-    return seen[0] - t0
 
 
 def whole_process(url: str, key_file: str, scratch: pathlib.Path) -> float:
@@ -129,7 +82,8 @@ class TccCase:
         self.workdir = workdir
         self.samples: dict[str, list[Any]] = {"per_step_s": [], "in_process_s": [], "whole_process_s": [],
                                               "storage_at_crash": []}
-        self.breakdown: dict[str, list[float]] = {"init_s": [], "crash_run_s": []}
+        self.breakdown: dict[str, list[float]] = {"init_s": [], "crash_run_s": [], "interpreter_start_s": [],
+                                                  "imports_s": [], "open_s": [], "open_to_step_s": []}
         self.last: tuple[str, str] | None = None  # (database to finish, key file)
 
     def _init(self, db: str) -> tuple[str, str]:
@@ -158,7 +112,7 @@ class TccCase:
         del fin_url
         ip_url = self.srv.create(f"{db}_ip", template=db)
         self.srv.checkpoint()
-        self.samples["in_process_s"].append(in_process(ip_url, key))
+        self.samples["in_process_s"].append(self._recover_in_child(ip_url, key, db))
         self.srv.drop(f"{db}_ip")
         self.srv.checkpoint()
         self.samples["whole_process_s"].append(whole_process(url, key, self.workdir))
@@ -166,6 +120,19 @@ class TccCase:
         if self.last is not None:
             self.srv.drop(self.last[0])
         self.last = (f"{db}_fin", key)
+
+    def _recover_in_child(self, url: str, key: str, db: str) -> float:
+        """In-process recovery in a fresh child (``pg_child_tcc.py`` recover): t0 -> first new
+        effect, with the child's start-up and imports broken out as the peers' are."""
+        args = {"mode": "recover", "n": self.n, "regime": "const", "work_iters": self.iters, "url": url,
+                "key_file": key, "out": str(self.workdir / f"{db}-recover.json")}
+        t_spawn, got = _harness._run_child(CHILD, args, expect_kill=False)
+        parts = self.breakdown
+        parts["interpreter_start_s"].append(got["t_proc"] - t_spawn)
+        parts["imports_s"].append(got["t_imported"] - got["t_proc"])
+        parts["open_s"].append(got["t_opened"] - got["t0"])
+        parts["open_to_step_s"].append(got["t_new_step"] - got["t_opened"])
+        return float(got["t_new_step"] - got["t0"])
 
     def finish(self) -> dict[str, Any]:
         assert self.last is not None, "no round ran"

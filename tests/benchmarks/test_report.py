@@ -83,3 +83,35 @@ def test_a_quick_raw_file_renders_beside_itself_and_leaves_the_paper_alone(tmp_p
     provenance = raw.get("provenance")  # files from before it was recorded have none
     described = f"commit {provenance['git_sha'][:12]}" if provenance else "provenance not recorded"
     assert "95% bootstrap interval" in text and described in text
+
+
+def test_the_full_runs_postgres_section_measures_tcc_on_a_real_server_and_renders_its_table(
+        tmp_path: pathlib.Path, pg_server: object) -> None:
+    """``benchmarks.recovery --full`` ends with the PostgreSQL section: a throw-away server
+    (its own), tcc's PostgreSQL store (and DBOS and LangGraph where installed) crashed,
+    recovered and completed there, rendered with the floor and the ratios to tcc.  Tiny here
+    (N = 10, one repetition); ``pg_server`` only makes the test skip (or fail, in CI) where
+    this machine has no PostgreSQL."""
+    recovery = importlib.import_module("benchmarks.recovery")
+    spec = {"sizes": [10], "repeats": 1, "regimes": ["const"], "floor_block": 50}
+    assert recovery.postgres_section({}, tmp_path, print) is None  # a profile without it
+    raw = recovery.postgres_section({"postgres": spec}, tmp_path, print)
+    assert raw is not None and "not_run" not in raw, raw
+    assert raw["problems"] == [] and "tcc" in raw["systems"]
+    assert raw["server_settings"]["fsync"] == "on" and raw["floor"]["median_s"] > 0
+    rows = {r["system"]: r for r in raw["rows"]}
+    assert set(rows) == set(raw["systems"]) | set(raw["skipped"])
+    tcc = rows["tcc"]
+    assert tcc["final_result"] == importlib.import_module("benchmarks.peers._agent").expected_result(10)
+    assert len(tcc["per_step_s"]) == len(tcc["in_process_s"]) == len(tcc["whole_process_s"]) == 1
+    lines = report.postgres_table({"postgres": raw})
+    assert any(line.startswith("| tcc ") and "| const | 10 |" in line for line in lines), lines
+    assert "fsync=on" in lines[0] and "INSERT" in lines[0]
+    for name in raw["systems"]:  # every system measured has its row, with its ratio to tcc
+        row = next(line for line in lines if line.startswith(f"| {name} "))
+        assert ("—" in row) == (name == "tcc") and "×" in row
+    assert report.postgres_table({}) == []
+    skipped = report.postgres_table({"postgres": {"not_run": "no PostgreSQL server could be started: x"}})
+    assert skipped == ["(not measured in this run: no PostgreSQL server could be started: x)"]
+    problems = recovery.check({"recovery": [], "peers": [], "postgres": {"not_run": "no server"}})
+    assert problems == ["postgres: no server"]
