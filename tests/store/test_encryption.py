@@ -581,3 +581,14 @@ def test_env_placeholders_are_captured_by_name_and_resolved_at_build(
     assert tcc.env("A") == tcc.env("A") and hash(tcc.env("A")) == hash(tcc.env("A"))
     with pytest.raises(AttributeError):
         placeholder.name = "OTHER"  # type: ignore[misc]
+
+
+def test_the_cipher_is_the_public_aesgcm_of_cryptography() -> None:
+    """``_aesgcm`` takes AESGCM from cryptography's compiled module (its public ``aead``
+    module imports the whole ciphers layer first, ~15 ms of every fresh ``tcc resume``): it
+    must be the very class cryptography documents, not another one of the same name."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from tcc.store._crypt import _aesgcm
+
+    assert _aesgcm() is AESGCM
