@@ -13,8 +13,8 @@ server (the URL's user must be allowed to CREATE DATABASE).  What is measured, i
    blocks taken before every repetition round (their spread is a contention gauge);
 2. **tcc on its PostgreSQL store** (``benchmarks/agent/agent.py``, its fake LLM, continuation
    strategy): per-step overhead, and recovery after a SIGKILL at the start of step N-1,
-   in-process (open store -> first new effect) and whole process (``tcc resume`` spawned ->
-   first new effect), as ``benchmarks.recovery`` measures them on LMDB (``peers/pg_tcc.py``);
+   in-process (open store -> first new effect, in a fresh child as the peers') and whole
+   process (``tcc resume`` spawned -> first new effect) (``peers/pg_tcc.py``);
 3. **DBOS** with ``system_database_url=postgresql://...`` and 4. **LangGraph** with
    ``PostgresSaver`` (durability="sync"): the same agent and measurements as
    ``peers/dbos_peer.py`` / ``peers/langgraph_peer.py`` on SQLite (``peers/pg_peers.py``).

@@ -135,10 +135,24 @@ def begin(folder: pathlib.Path) -> dict[str, Any]:
 
 
 def end(record: dict[str, Any]) -> dict[str, Any]:
-    """Add what is known only when the run is over (the load average after it)."""
+    """Add what is known only when the run is over: the load average after it, and the
+    commit and tree state again (a run spawns processes that import the tree as it is when
+    they start: a file edited during the run is measured, though ``git_dirty`` was False)."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    record["git_sha_at_end"] = _git("rev-parse", "HEAD")
+    record["git_dirty_at_end"] = None if status is None else bool(status)
     record["loadavg_after"] = _load()
     record["ended_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return record
+
+
+def changed_during(record: dict[str, Any]) -> bool:
+    """Whether the commit or the tree's cleanliness differed at the end of the run (older
+    raw files, without the end state: False)."""
+    if "git_dirty_at_end" not in record:
+        return False
+    return (record.get("git_sha_at_end") != record.get("git_sha")
+            or bool(record.get("git_dirty_at_end")) != bool(record.get("git_dirty")))
 
 
 def figures(record: dict[str, Any]) -> dict[str, str]:
@@ -159,6 +173,8 @@ def describe(record: dict[str, Any] | None) -> str:
     if not record:
         return "provenance not recorded (an older raw file)"
     sha = (record.get("git_sha") or "unknown")[:12] + (" (dirty)" if record.get("git_dirty") else "")
+    if changed_during(record):
+        sha += " (the tree changed during the run)"
     fs = record.get("file_system") or {}
     shown = figures(record)
     parts = [f"commit {sha}", f"Linux {record.get('kernel')}",

@@ -796,7 +796,11 @@ def main(argv: list[str] | None = None) -> int:
         raw["peers"] = [] if args.no_peers else peers(profile, work, log)
         raw["step_costs"] = [] if args.no_peers else step_costs(profile, work, log)
         if not args.no_peers and "postgres" in profile:
-            raw["postgres"] = postgres_section(profile, work, log)
+            try:  # last, and guarded whole: nothing in it may lose the hour measured before
+                raw["postgres"] = postgres_section(profile, work, log)
+            except Exception as exc:  # noqa: BLE001
+                log(f"postgres: the section failed:\n{traceback.format_exc()}")
+                raw["postgres"] = {"not_run": f"the PostgreSQL section failed: {exc!r}"}
     raw["elapsed_s"] = time.time() - started
     provenance.end(raw["provenance"])
     problems = check(raw)

@@ -239,8 +239,8 @@ def postgres_table(raw: dict[str, Any]) -> list[str]:
         f"wal_sync_method={s['wal_sync_method']}. Floor: a single-row `INSERT` + `COMMIT` "
         f"(psycopg 3) {floor_s * 1e3:.3f} ms median of {floor['iterations']:,}. Each "
         "repetition is a crash run (SIGKILL at the start of step N-1) in a new database, "
-        "in-process recovery in the harness for tcc (as above) and in a fresh child for the "
-        "peers, and whole-process recovery spawned; per-step overhead is the crash run's mean "
+        "in-process recovery in a fresh child for every system (t0 just before its store is "
+        "opened) and whole-process recovery spawned; per-step overhead is the crash run's mean "
         "step minus the bare loop's.",
         "",
         "| system | regime | N | per-step overhead (ms) | / floor | step / tcc | in-process (ms) "

@@ -211,10 +211,14 @@ def test_a_deferred_event_rides_with_the_next_step_write_on_both_backends(site) 
         events = store.events("r")
         assert [e.kind for e in events] == before + ["resumed", "in_doubt_reissued", "verified"]
         assert events[-3].data == {"snapshot": 3} and t0 <= events[-3].time < time.time() - 0.04
-        # and before an ordinary event the handle adds later
+        # and before an ordinary event the handle adds later (a statement of their own first)
         store.add_event("r", "parked", {}, epoch=epoch, deferred=True)
         store.add_event("r", "noted", {"by": "owner"}, epoch=epoch)
         assert _kinds(store, "r")[-2:] == ["parked", "noted"]
+        # and in the transaction of a status change, before its own event
+        store.add_event("r", "in_doubt_verified", {}, epoch=epoch, deferred=True)
+        store.set_status("r", epoch, "waiting")
+        assert _kinds(store, "r")[-2:] == ["in_doubt_verified", "waiting"]
         del run
 
 
@@ -241,8 +245,8 @@ def test_a_fenced_write_keeps_the_deferred_events_for_the_next_one_on_both_backe
         store.add_event("other", "resumed", {}, epoch=other.epoch, deferred=True)
         with site.open() as thief:
             thief.claim_run("r", steal=True)
-        with pytest.raises(FencedError):
-            store.append_intent("r", run.epoch, "step", b"0")
+        with pytest.raises(FencedError):  # a commit on both backends (an intent is not on LMDB)
+            store.checkpoint("r", run.epoch, b"state")
         assert "resumed" not in _kinds(store, "other")
         store.add_event("other", "noted", {})
         assert _kinds(store, "other")[-2:] == ["resumed", "noted"]

@@ -592,3 +592,20 @@ def test_the_cipher_is_the_public_aesgcm_of_cryptography() -> None:
     from tcc.store._crypt import _aesgcm
 
     assert _aesgcm() is AESGCM
+
+
+def test_taking_the_cipher_leaves_cryptographys_ciphers_layer_unimported() -> None:
+    """What ``_aesgcm`` is for: a fresh process that seals with AES-GCM does not import
+    cryptography's public ciphers layer (where cryptography has its class compiled)."""
+    import subprocess
+    import sys
+
+    from cryptography.hazmat.bindings._rust import openssl as rust_openssl
+
+    if not hasattr(rust_openssl, "aead"):
+        pytest.skip("this cryptography has no compiled AESGCM: the public module is the path")
+    code = ("import sys; from tcc.store._crypt import _aesgcm; _aesgcm(); "
+            "print('cryptography.hazmat.primitives.ciphers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.strip()
+    assert out == "False"

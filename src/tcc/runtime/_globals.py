@@ -144,7 +144,8 @@ class ModuleState:
                 _VERDICTS.clear()
             _VERDICTS[id(module)] = entry
         known = entry[1]
-        key = (self.folder, getattr(module, "__file__", None), getattr(module, "__name__", None))
+        file, name = getattr(module, "__file__", None), getattr(module, "__name__", None)
+        key = (self.folder, file if isinstance(file, str) else None, name if isinstance(name, str) else None)
         verdict = known.get(key)
         if verdict is None:
             if len(known) >= _FOLDERS_LIMIT:

@@ -96,8 +96,8 @@ def _aesgcm() -> Any:
     The class lives in cryptography's compiled module, which its public ``aead`` module
     re-exports; importing that one also imports the package's whole ``ciphers`` layer (~15 ms
     in a fresh process, on the path of every ``tcc resume`` of an encrypted store).  The
-    compiled module's class is taken when it is there (cryptography >= 42), else the public
-    one."""
+    compiled module's class is taken when the compiled module has one (cryptography 50 does;
+    ``test_encryption`` checks it is the public class), else the public module's."""
     try:
         from cryptography.hazmat.bindings._rust import openssl as rust_openssl
 

@@ -69,7 +69,6 @@ from ..errors import (
     StoreCorruptError,
     StoreError,
     StoreNotFoundError,
-    TccError,
     UsageError,
 )
 from ._api import (DURABILITIES, FINAL_STATUSES, FINISHED_STATUSES, HOST, RUN_STATUSES, Completion, Event,
@@ -119,12 +118,17 @@ def _psycopg() -> Any:
 _pool_log_quieted = False
 # The events a handle deferred (``add_event(deferred=True)``), written by its next write in
 # the same statement, in order, each only if its run is still at its writer's epoch (else
-# void, as a fenced write): parameters (run ids, epochs, sealed records, tenant).
+# void, as a fenced write): parameters (run ids, epochs, sealed records, tenant).  The epoch
+# is the statement's snapshot's: for the run the statement writes, its fence waits for a
+# takeover committing at the same time and then fails the whole statement; an event of
+# another run of the handle (a worker's) is not locked, so a takeover of that run committing
+# at the same instant does not void it.  (A row lock cannot be taken here: the run row the
+# same statement updates would be skipped as modified by it.)
 _DEFERRED_EVENTS = (
-    "deferred_events AS (INSERT INTO tcc.events (tenant, run_id, record) "
+    "WITH deferred_events AS (INSERT INTO tcc.events (tenant, run_id, record) "
     "SELECT r.tenant, r.run_id, d.record FROM unnest(%s::text[], %s::bigint[], %s::bytea[]) "
     "WITH ORDINALITY AS d(run_id, epoch, record, n) JOIN tcc.runs r ON r.tenant = %s "
-    "AND r.run_id = d.run_id AND r.epoch = d.epoch ORDER BY d.n)")
+    "AND r.run_id = d.run_id AND r.epoch = d.epoch ORDER BY d.n) ")
 
 
 def _quiet_pool_log() -> None:
@@ -280,14 +284,16 @@ class PgStore:
 
     def close(self) -> None:
         if not self._closed:
-            if self._deferred and os.getpid() == self._pid:
-                try:  # events deferred to a write that never came: one now
-                    self._tx(lambda _conn: None, "writing deferred events", transaction=False)
-                except TccError:
-                    pass  # (fenced ones are void anyway; a lost server loses them, as a crash)
-            self._closed = True
-            if os.getpid() == self._pid:
-                self._pool.close()
+            try:
+                if self._deferred and os.getpid() == self._pid:
+                    try:  # events deferred to a write that never came: one now
+                        self._tx(lambda _conn: None, "writing deferred events", transaction=False)
+                    except Exception:  # noqa: BLE001 -- fenced ones are void anyway; a lost
+                        pass  # server loses them, as a crash would; closing must go on
+            finally:
+                self._closed = True
+                if os.getpid() == self._pid:
+                    self._pool.close()
 
     # ------------------------------------------------------- deferred events
     def _take_deferred(self) -> list[tuple[str, int, bytes]]:
@@ -295,36 +301,38 @@ class PgStore:
             taken, self._deferred = self._deferred, []
         return taken
 
-    def _give_back(self, taken: list[tuple[str, int, bytes]]) -> None:
-        """Events taken for a statement that did not commit: they wait for the next one."""
-        if taken:
+    def _give_back(self, taken: list[tuple[str, int, bytes]], exc: BaseException,
+                   conn: Any | None) -> None:
+        """Events taken for a statement that failed: they wait for the next write when the
+        failure certainly rolled it back (the server refused it, or the code around it
+        raised before it ran); when whether it committed is unknown (a connection lost, an
+        interrupt) they are dropped, as a crash drops them, rather than written twice."""
+        unknown = not isinstance(exc, Exception) or (
+            isinstance(exc, self._OperationalError) and (conn is None or conn.broken))
+        if taken and not unknown:
             with self._deferred_lock:
                 self._deferred[:0] = taken
 
     def _folded(self, sql: str, params: tuple[Any, ...],
                 taken: list[tuple[str, int, bytes]]) -> tuple[str, tuple[Any, ...]]:
-        """``sql`` (one statement) with ``taken`` deferred events written by it too."""
+        """``sql`` (one statement, without a WITH of its own) with ``taken`` deferred
+        events written by it too."""
         if not taken:
             return sql, params
+        assert sql.lstrip()[:4].upper() != "WITH", sql
         runs, epochs, records = (list(column) for column in zip(*taken))
-        head = (runs, epochs, records, self.tenant)
-        if sql.startswith("WITH "):
-            return f"WITH {_DEFERRED_EVENTS}, {sql[5:]}", (*head, *params)
-        return f"WITH {_DEFERRED_EVENTS} {sql}", (*head, *params)
+        return _DEFERRED_EVENTS + sql, (runs, epochs, records, self.tenant, *params)
 
     def _write(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         """Execute one writing statement of this handle, the events deferred to it folded
-        into it (no round trip, no commit of their own).  Not committed (an error): they
-        wait for the next write; a lost connection (commit unknown) loses them, as a crash
-        would, rather than write them twice."""
+        into it: no round trip and no commit of their own (see :meth:`_give_back` for what
+        a failure does with them)."""
         taken = self._take_deferred()
         sql, params = self._folded(sql, params, taken)
         try:
             return conn.execute(sql, params)
-        except self._OperationalError:
-            raise
-        except BaseException:
-            self._give_back(taken)
+        except BaseException as exc:
+            self._give_back(taken, exc, conn)
             raise
 
     # ------------------------------------------------------------ connection
@@ -476,24 +484,28 @@ class PgStore:
     def _tx(self, fn: Callable[[Any], T], what: str, *, transaction: bool = True) -> T:
         """``fn(conn)`` in one transaction (``transaction=False``: ``fn`` writes with one
         statement, committed by itself); a lost connection is StoreConnectionError."""
-        taken = self._take_deferred()  # written first (see _write), in fn's transaction
+        taken: list[tuple[str, int, bytes]] = []
+        conn = None
         try:
             with self._conn() as conn:
+                # the events deferred to this write go first (taken once a connection is
+                # held): in fn's transaction, or in a statement of their own before fn's
+                taken = self._take_deferred()
                 if not transaction:
                     if taken:
-                        conn.execute(*self._folded("SELECT 1", (), taken))  # their own commit
+                        conn.execute(*self._folded("SELECT 1", (), taken))
                         taken = []
                     return fn(conn)
                 with conn.transaction():
                     if taken:
                         conn.execute(*self._folded("SELECT 1", (), taken))
                     return fn(conn)
-        except self._OperationalError as exc:
-            raise StoreConnectionError(
-                f"lost the connection to the PostgreSQL store {self.path} during {what}: "
-                f"{_reason(exc)}; whether it committed is unknown") from None
-        except BaseException:
-            self._give_back(taken)
+        except BaseException as exc:
+            self._give_back(taken, exc, conn)
+            if isinstance(exc, self._OperationalError):
+                raise StoreConnectionError(
+                    f"lost the connection to the PostgreSQL store {self.path} during {what}: "
+                    f"{_reason(exc)}; whether it committed is unknown") from None
             raise
 
     def _memo(self, rid: bytes) -> _Memo:
