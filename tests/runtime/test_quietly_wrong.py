@@ -517,3 +517,51 @@ def test_module_verdicts_are_kept_for_the_process_and_redone_for_a_new_module(
         elsewhere.__file__ = str(other / "main.py")
         _globals.ModuleState(elsewhere)
     assert len(_globals._VERDICTS[id(again)][1]) <= _globals._FOLDERS_LIMIT
+
+
+def test_restoring_module_data_looks_again_only_at_what_can_have_changed(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restore writes a snapshot's module-level data back; it does not walk every loaded
+    module again (a second walk of ~220 modules on every recovery) unless something that
+    decides which modules are the agent's can have changed: a module imported since the
+    first look (found by the count), or data naming a dunder (``__file__``)."""
+    import sys
+    import types
+
+    from tcc.runtime import _globals
+
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    (agent_dir / "main.py").write_text("X = 1\n")
+    (agent_dir / "late_mod_r.py").write_text("X = 1\n")
+    script = types.ModuleType("__tcc_script_main_r")
+    script.__file__ = str(agent_dir / "main.py")
+    monkeypatch.setitem(sys.modules, "__tcc_script_main_r", script)
+    looked: list[str] = []
+    real = _globals.ModuleState._belongs
+
+    def counting(self: _globals.ModuleState, module: types.ModuleType) -> bool:
+        looked.append(module.__name__)
+        return real(self, module)
+
+    monkeypatch.setattr(_globals.ModuleState, "_belongs", counting)
+    state = _globals.ModuleState(script)
+    assert len(looked) > 10
+    looked.clear()
+    state.restore({"__tcc_script_main_r": {"X": 2}})
+    assert script.X == 2 and looked == []  # nothing new: no second walk
+    # a module imported while the snapshot loaded is found
+    late = types.ModuleType("late_mod_r")
+    late.__file__ = str(agent_dir / "late_mod_r.py")
+    monkeypatch.setitem(sys.modules, "late_mod_r", late)
+    state.restore({"__tcc_script_main_r": {"X": 3}})
+    assert late in state._modules and "late_mod_r" in looked
+    # data that rewrites a module's __file__ makes every module be looked at again
+    elsewhere = types.ModuleType("elsewhere_mod_r")
+    elsewhere.__file__ = str(tmp_path / "elsewhere_mod_r.py")
+    monkeypatch.setitem(sys.modules, "elsewhere_mod_r", elsewhere)
+    state.restore({"__tcc_script_main_r": {"X": 4}})
+    assert elsewhere not in state._modules
+    looked.clear()
+    state.restore({"elsewhere_mod_r": {"__file__": str(agent_dir / "elsewhere_mod_r.py")}})
+    assert len(looked) > 10 and elsewhere in state._modules

@@ -307,6 +307,12 @@ class ModuleState:
             if not isinstance(data, dict):
                 raise errors.CorruptSnapshotError(
                     f"the snapshot's module state of {modname!r} is not a mapping")
+            if any(type(k) is not str or k.startswith("__") for k in data):
+                # (a snapshot's data never holds dunder names: capture skips them; data that
+                # does could change a module's ``__file__`` or ``__name__``, which decide
+                # whether it is the agent's: look at every module again)
+                self._seen_modules = 0
             vars(module).update(data)
-        self._seen_modules = 0
+        # Modules imported since the first look (restoring the frames imports the modules
+        # their objects name) are found by the count; the rest were judged already.
         self.refresh()
