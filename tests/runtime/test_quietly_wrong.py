@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from tests._support import ROOT
@@ -463,6 +464,22 @@ def test_the_agents_modules_are_found_through_links_and_others_are_not(tmp_path:
     assert not state._judge(module("missing", tmp_path / "gone" / "x.py"))
 
 
+def _record_module_calls(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
+    """Wrap ``ModuleState.<method>(self, module)`` so that each call appends the module's
+    name to the returned list (the call itself still runs)."""
+    from tcc.runtime import _globals
+
+    calls: list[str] = []
+    real = getattr(_globals.ModuleState, method)
+
+    def recording(self: Any, module: Any) -> Any:
+        calls.append(module.__name__)
+        return real(self, module)
+
+    monkeypatch.setattr(_globals.ModuleState, method, recording)
+    return calls
+
+
 def test_module_verdicts_are_kept_for_the_process_and_redone_for_a_new_module(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each recovery builds a ModuleState; in a long-lived process (a worker) it judges only
@@ -479,14 +496,7 @@ def test_module_verdicts_are_kept_for_the_process_and_redone_for_a_new_module(
     (agent_dir / "helper_mod_v.py").write_text("X = 1\n")
     script = types.ModuleType("__tcc_script_main_v")
     script.__file__ = str(agent_dir / "main.py")
-    judged: list[str] = []
-    real = _globals.ModuleState._judge
-
-    def counting(self: _globals.ModuleState, module: types.ModuleType) -> bool:
-        judged.append(module.__name__)
-        return real(self, module)
-
-    monkeypatch.setattr(_globals.ModuleState, "_judge", counting)
+    judged = _record_module_calls(monkeypatch, "_judge")
     helper = types.ModuleType("helper_mod_v")
     helper.__file__ = str(agent_dir / "helper_mod_v.py")
     monkeypatch.setitem(sys.modules, "helper_mod_v", helper)
@@ -537,19 +547,14 @@ def test_restoring_module_data_looks_again_only_at_what_can_have_changed(
     script = types.ModuleType("__tcc_script_main_r")
     script.__file__ = str(agent_dir / "main.py")
     monkeypatch.setitem(sys.modules, "__tcc_script_main_r", script)
-    looked: list[str] = []
-    real = _globals.ModuleState._belongs
-
-    def counting(self: _globals.ModuleState, module: types.ModuleType) -> bool:
-        looked.append(module.__name__)
-        return real(self, module)
-
-    monkeypatch.setattr(_globals.ModuleState, "_belongs", counting)
+    looked = _record_module_calls(monkeypatch, "_belongs")
     state = _globals.ModuleState(script)
     assert len(looked) > 10
     looked.clear()
     state.restore({"__tcc_script_main_r": {"X": 2}})
     assert script.X == 2 and looked == []  # nothing new: no second walk
+    state.restore({"__tcc_script_main_r": {"__cache": {"k": 1}}})  # private, not a dunder
+    assert vars(script)["__cache"] == {"k": 1} and looked == []
     # a module imported while the snapshot loaded is found
     late = types.ModuleType("late_mod_r")
     late.__file__ = str(agent_dir / "late_mod_r.py")

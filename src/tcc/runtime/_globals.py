@@ -307,10 +307,12 @@ class ModuleState:
             if not isinstance(data, dict):
                 raise errors.CorruptSnapshotError(
                     f"the snapshot's module state of {modname!r} is not a mapping")
-            if any(type(k) is not str or k.startswith("__") for k in data):
-                # (a snapshot's data never holds dunder names: capture skips them; data that
-                # does could change a module's ``__file__`` or ``__name__``, which decide
-                # whether it is the agent's: look at every module again)
+            if any(type(k) is not str or (k.startswith("__") and k.endswith("__"))
+                   for k in data):
+                # (a snapshot's data never holds ``__x__`` names: capture skips them, as it
+                # does here; data that does could change a module's ``__file__`` or
+                # ``__name__``, which decide whether it is the agent's: look at every
+                # module again.  A private ``__x`` global is data like any other.)
                 self._seen_modules = 0
             vars(module).update(data)
         # Modules imported since the first look (restoring the frames imports the modules
