@@ -1,7 +1,7 @@
 """Recovery benchmark harness: continuation vs hybrid vs replay, and real peers.
 
-    python -m benchmarks.recovery --smoke    # seconds: CI smoke test
-    python -m benchmarks.recovery --quick    # a few minutes on 2 cores
+    python -m benchmarks.recovery --smoke    # ~2 minutes on 2 cores: CI smoke test
+    python -m benchmarks.recovery --quick    # ~8-10 minutes on 2 cores
     python -m benchmarks.recovery --full     # adds N = 10,000
 
 Writes raw JSON to ``benchmarks/results/``, with the run's provenance (git commit and
