@@ -16,6 +16,13 @@ raw file rendered into the paper only: ``report.render``).  Edit the template, n
     figures it looked at, unless the claim holds in the raw file: one follows every sentence
     whose wording depends on the data ("met", "faster", "in every regime"), so a run that
     makes the sentence false stops the render instead of publishing it.
+``{{ also: FILE }}``
+    another full run, a raw file committed in ``paper/data/``, rendering to its name: every
+    claim of the template must hold in it too, not only in the run the figures come from.
+    Absolute times on a shared machine move between runs by more than a run's own
+    intervals (two quiet runs of one commit, hours apart, differed up to 2x), so a claim
+    checked against one run's intervals can read differently after a re-run; naming
+    earlier runs here makes the paper say only what each of them shows.
 
 An unknown name fails the render too.  Nothing in a template is evaluated.
 """
@@ -23,6 +30,7 @@ An unknown name fails the render too.  Nothing in a template is evaluated.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import pathlib
 import re
@@ -45,7 +53,7 @@ Value = Callable[[], str]
 Verdict = tuple[bool, str]  # whether a claim holds, and the figures it looked at
 
 _PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.S)
-_INSIDE = re.compile(r"\s*(check:\s*)?([A-Za-z0-9_./-]+)\s*")
+_INSIDE = re.compile(r"\s*(check:\s*|also:\s*)?([A-Za-z0-9_./-]+)\s*")
 _STRATEGIES = {"continuation": "cont", "hybrid": "hybrid", "replay": "replay"}
 
 
@@ -634,25 +642,37 @@ def fill(template: str, raw: dict[str, Any], raw_name: str, where: str = "paper/
     file cannot give and claim that does not hold, each with its line in ``where``."""
     named = values(raw, raw_name)
     problems: list[str] = []
+    runs = [(raw, raw_name)]  # every claim must hold in each; figures come from the first
+    for m in _PLACEHOLDER.finditer(template):
+        inside = _INSIDE.fullmatch(m.group(1))
+        if inside is not None and (inside.group(1) or "").startswith("also:"):
+            at = f"{where}:{template.count(chr(10), 0, m.start()) + 1}"
+            other = _also(inside.group(2), at, problems)
+            if other is not None:
+                runs.append((other, inside.group(2)))
 
     def one(m: re.Match[str]) -> str:
         at = f"{where}:{template.count(chr(10), 0, m.start()) + 1}"
         inside = _INSIDE.fullmatch(m.group(1))
         if inside is None:
-            problems.append(f"{at}: {m.group(0)!r} is not a placeholder ({{{{ name }}}} or {{{{ check: name }}}})")
+            problems.append(f"{at}: {m.group(0)!r} is not a placeholder ({{{{ name }}}}, {{{{ check: name }}}} "
+                            "or {{ also: FILE }})")
             return ""
-        check, name = inside.groups()
-        if check:
+        kind, name = inside.groups()
+        if kind and kind.startswith("also:"):
+            return name  # loaded (or its problem said) above
+        if kind:
             if name not in CLAIMS:
                 problems.append(f"{at}: unknown claim {name!r} (benchmarks/paper.py CLAIMS)")
                 return ""
-            try:
-                holds, shown = CLAIMS[name](raw)
-            except (KeyError, IndexError, ValueError, ZeroDivisionError) as exc:
-                holds, shown = False, f"cannot be judged from this raw file ({exc!r})"
-            if not holds:
-                problems.append(f"{at}: the claim {name!r} does not hold in {raw_name} ({shown}): "
-                                "rewrite the sentence the check follows (and the check)")
+            for judged, judged_name in runs:
+                try:
+                    holds, shown = CLAIMS[name](judged)
+                except (KeyError, IndexError, ValueError, ZeroDivisionError) as exc:
+                    holds, shown = False, f"cannot be judged from this raw file ({exc!r})"
+                if not holds:
+                    problems.append(f"{at}: the claim {name!r} does not hold in {judged_name} ({shown}): "
+                                    "rewrite the sentence the check follows (and the check)")
             return ""
         if name not in named:
             problems.append(f"{at}: unknown placeholder {{{{ {name} }}}} (no such value from {raw_name}; "
@@ -672,6 +692,25 @@ def fill(template: str, raw: dict[str, Any], raw_name: str, where: str = "paper/
     if problems:
         raise PaperError(f"{where} does not render from {raw_name}:\n  " + "\n  ".join(problems))
     return text
+
+
+def _also(name: str, at: str, problems: list[str]) -> dict[str, Any] | None:
+    """The committed full run ``name`` (``paper/data/``) that an ``also:`` names, or None
+    with the reason added to ``problems``."""
+    path = DATA / name
+    if "/" in name or not path.is_file():
+        problems.append(f"{at}: {{{{ also: {name} }}}} names no raw file in paper/data/")
+        return None
+    try:
+        other = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{at}: {{{{ also: {name} }}}} cannot be read ({exc})")
+        return None
+    if not isinstance(other, dict) or other.get("profile") != "full":
+        problems.append(f"{at}: {{{{ also: {name} }}}} is not a full run's raw file (claims are "
+                        "checked against full runs only)")
+        return None
+    return other
 
 
 def paper_text(raw: dict[str, Any], raw_name: str, template: pathlib.Path | None = None) -> str:

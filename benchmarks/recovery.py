@@ -789,15 +789,30 @@ def main(argv: list[str] | None = None) -> int:
             "order_seed": seed, "provenance": provenance.begin(work),
             "work_iters": work_iters(),
         }
-        raw["recovery"] = recovery_suite(profile, work, log)
-        raw["checkpoint"] = checkpoint_overhead(profile, work, log)
-        raw["steady"] = steady_state(profile, work, log)
-        raw["young_daly"] = young_daly(profile, work, raw["checkpoint"], log)
-        raw["peers"] = [] if args.no_peers else peers(profile, work, log)
-        raw["step_costs"] = [] if args.no_peers else step_costs(profile, work, log)
+        # each section's wall time, so that the hour the --full protocol may take can be
+        # planned from the raw files (which section to trim when a run overruns)
+        sections: dict[str, float] = {}
+        raw["section_s"] = sections
+
+        def section(name: str, run: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return run()
+            finally:
+                sections[name] = round(time.monotonic() - t0, 1)
+                log(f"section {name}: {sections[name]:.0f} s")
+
+        raw["recovery"] = section("recovery", lambda: recovery_suite(profile, work, log))
+        raw["checkpoint"] = section("checkpoint", lambda: checkpoint_overhead(profile, work, log))
+        raw["steady"] = section("steady", lambda: steady_state(profile, work, log))
+        raw["young_daly"] = section("young_daly",
+                                    lambda: young_daly(profile, work, raw["checkpoint"], log))
+        raw["peers"] = [] if args.no_peers else section("peers", lambda: peers(profile, work, log))
+        raw["step_costs"] = [] if args.no_peers else section(
+            "step_costs", lambda: step_costs(profile, work, log))
         if not args.no_peers and "postgres" in profile:
             try:  # last, and guarded whole: nothing in it may lose the hour measured before
-                raw["postgres"] = postgres_section(profile, work, log)
+                raw["postgres"] = section("postgres", lambda: postgres_section(profile, work, log))
             except Exception as exc:  # noqa: BLE001
                 log(f"postgres: the section failed:\n{traceback.format_exc()}")
                 raw["postgres"] = {"not_run": f"the PostgreSQL section failed: {exc!r}"}

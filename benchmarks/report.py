@@ -462,6 +462,9 @@ def render(raw: dict[str, Any], log: Callable[[str], None] = print, *,
               f"excludes 1, so the two differ; without it no difference is claimed) when there are "
               f"at least {MIN_FOR_INTERVAL} repetitions (else `n=K` and no difference is called); "
               "other tables give ± half-range.")
+    if raw.get("section_s"):  # raw files from before it was recorded have none
+        header += " Wall time by section: " + ", ".join(
+            f"{name.replace('_', ' ')} {count(s)} s" for name, s in raw["section_s"].items()) + "."
     parts = [
         "# Generated results", "", header, "",
         "## Recovery latency, in-process (open store → first new effect)", "",

@@ -181,6 +181,40 @@ def test_an_unknown_or_malformed_placeholder_stops_the_render(raw: dict[str, Any
     assert paper.fill("{{ python }}{{ check: const_flat }}, {{python}}", raw, "x.json") == "3.12.1, 3.12.1"
 
 
+SECOND_RUN = "recovery-full-20261204-180544.json"  # a quiet re-run, hours later, same commit
+
+
+def test_a_claim_must_also_hold_in_every_earlier_run_the_template_names(raw: dict[str, Any]) -> None:
+    """``{{ also: FILE }}`` names a committed full run in which every claim must hold too:
+    the cited run's const_flat holds there, and fails in the re-run (N = 10 and 1,000 were
+    slower that day, 1.40x apart), so naming the re-run stops the render and says where."""
+    assert (paper.DATA / SECOND_RUN).is_file()
+    assert paper.CLAIMS["const_flat"](raw)[0]
+    both = f"checked against {{{{ also: {SECOND_RUN} }}}}{{{{ check: state_grows }}}}"
+    assert paper.fill(both, raw, "cited.json") == f"checked against {SECOND_RUN}"
+    with pytest.raises(paper.PaperError) as info:
+        paper.fill(f"{{{{ also: {SECOND_RUN} }}}}\nflat.{{{{ check: const_flat }}}}", raw, "cited.json")
+    said = str(info.value)
+    assert f"x.md:2: the claim 'const_flat' does not hold in {SECOND_RUN}" in said.replace(
+        "paper/tcc.in.md", "x.md")
+    assert "does not hold in cited.json" not in said  # it holds in the run the figures are from
+    # without the also:, the same template renders from the cited run alone
+    assert paper.fill("flat.{{ check: const_flat }}", raw, "cited.json") == "flat."
+
+
+def test_an_also_that_names_no_committed_full_run_stops_the_render(
+        raw: dict[str, Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(paper, "DATA", tmp_path)
+    (tmp_path / "quick.json").write_text(json.dumps({"profile": "quick"}))
+    (tmp_path / "torn.json").write_text('{"profile": "fu')
+    for name, said in [("missing.json", "names no raw file in paper/data/"),
+                       ("../escape.json", "names no raw file in paper/data/"),
+                       ("quick.json", "is not a full run's raw file"),
+                       ("torn.json", "cannot be read")]:
+        with pytest.raises(paper.PaperError, match=re.escape(said)):
+            paper.fill(f"{{{{ also: {name} }}}}", raw, "x.json")
+
+
 # Figures §5-§6 may state by hand: those of earlier raw files they name (to say what changed),
 # and the size of a message of §3's corpus.  Every other one is a placeholder.
 _BY_HAND = {

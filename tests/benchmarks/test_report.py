@@ -72,6 +72,7 @@ def test_a_quick_raw_file_renders_beside_itself_and_leaves_the_paper_alone(tmp_p
     assert committed, "the paper's raw files are committed"
     raw = json.loads(committed[-1].read_text())
     raw["profile"] = "quick"  # as a --quick run would have written it
+    raw["section_s"] = {"recovery": 1234.5, "step_costs": 67.0}
     src = tmp_path / "recovery-quick-1.json"
     src.write_text(json.dumps(raw))
     watched = [ROOT / "paper" / "generated" / "results.md", ROOT / "benchmarks" / "README.md",
@@ -87,6 +88,7 @@ def test_a_quick_raw_file_renders_beside_itself_and_leaves_the_paper_alone(tmp_p
     provenance = raw.get("provenance")  # files from before it was recorded have none
     described = f"commit {provenance['git_sha'][:12]}" if provenance else "provenance not recorded"
     assert "95% bootstrap interval" in text and described in text
+    assert "Wall time by section: recovery 1,234 s, step costs 67 s." in text
 
 
 def test_the_full_runs_postgres_section_measures_tcc_on_a_real_server_and_renders_its_table(
