@@ -31,7 +31,11 @@ def tcc(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Compl
 
 
 def main() -> int:
-    ledger = pathlib.Path(tempfile.mkdtemp()) / "ledger.txt"
+    with tempfile.TemporaryDirectory(prefix="tcc-demo-") as scratch:  # removed however it ends
+        return demo(pathlib.Path(scratch) / "ledger.txt")
+
+
+def demo(ledger: pathlib.Path) -> int:
     env = dict(os.environ, AGENT_LEDGER=str(ledger))
 
     print("$ tcc run examples/research_agent.py  # uninterrupted reference")

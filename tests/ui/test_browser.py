@@ -171,9 +171,13 @@ def test_the_demo_run_in_the_browser(tmp_path: pathlib.Path, browser: Any) -> No
     import subprocess
     import sys
 
-    demo = subprocess.run([sys.executable, str(example)], env=dict(os.environ, TCC_STORE=store),
+    scratch = tmp_path / "tmp"  # the demo's own scratch files go here, and are removed
+    scratch.mkdir()
+    demo = subprocess.run([sys.executable, str(example)],
+                          env=dict(os.environ, TCC_STORE=store, TMPDIR=str(scratch)),
                           capture_output=True, text=True, timeout=300)
     assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert list(scratch.iterdir()) == []
     runs = json.loads(tcc("ls", "--json", "--store", store).stdout)
     (demo_id,) = [r["id"] for r in runs if r["id"].startswith("demo-")]
     wait = WebDriverWait(browser, 30)
