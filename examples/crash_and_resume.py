@@ -48,13 +48,15 @@ def demo(ledger: pathlib.Path) -> int:
     slow = dict(env, AGENT_DELAY="0.4")
     proc = subprocess.Popen([sys.executable, "-m", "tcc", "run", "--run-id", run_id, AGENT, TOPIC],
                             env=slow, text=True)
-    while not ledger.exists() or len(ledger.read_text().splitlines()) < 3:
-        if proc.poll() is not None:
-            print("the run ended before it could be killed", file=sys.stderr)
-            return 1
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:
+        while not ledger.exists() or len(ledger.read_text().splitlines()) < 3:
+            if proc.poll() is not None:
+                print("the run ended before it could be killed", file=sys.stderr)
+                return 1
+            time.sleep(0.02)
+    finally:  # killed here as planned, or because the demo itself stopped (Ctrl-C)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     print(f"  ** kill -9 ** (exit status {proc.returncode})")
 
     print(f"\n$ tcc show {run_id}")

@@ -181,7 +181,17 @@ def test_an_unknown_or_malformed_placeholder_stops_the_render(raw: dict[str, Any
     assert paper.fill("{{ python }}{{ check: const_flat }}, {{python}}", raw, "x.json") == "3.12.1, 3.12.1"
 
 
-SECOND_RUN = "recovery-full-20261204-180544.json"  # a quiet re-run, hours later, same commit
+SECOND_RUN = "recovery-full-20261204-180544.json"  # a quiet full run, seven commits later
+# the claims §7 says do not hold in it (and the test below checks, so the sentence stays true)
+FAIL_IN_SECOND_RUN = {"const_flat", "const_intervals_apart", "replay_faster_at_10",
+                      "step_cost_against_peers", "step_cost_as_listed"}
+
+
+def test_the_second_full_run_breaks_exactly_the_claims_section_7_names(raw: dict[str, Any]) -> None:
+    second = json.loads((paper.DATA / SECOND_RUN).read_text())
+    assert all(paper.CLAIMS[name](raw)[0] for name in paper.CLAIMS)  # the cited run: all hold
+    failing = {name for name, claim in paper.CLAIMS.items() if not claim(second)[0]}
+    assert failing == FAIL_IN_SECOND_RUN
 
 
 def test_a_claim_must_also_hold_in_every_earlier_run_the_template_names(raw: dict[str, Any]) -> None:
@@ -193,20 +203,41 @@ def test_a_claim_must_also_hold_in_every_earlier_run_the_template_names(raw: dic
     both = f"checked against {{{{ also: {SECOND_RUN} }}}}{{{{ check: state_grows }}}}"
     assert paper.fill(both, raw, "cited.json") == f"checked against {SECOND_RUN}"
     with pytest.raises(paper.PaperError) as info:
-        paper.fill(f"{{{{ also: {SECOND_RUN} }}}}\nflat.{{{{ check: const_flat }}}}", raw, "cited.json")
+        paper.fill(f"{{{{ also: {SECOND_RUN} }}}}\nflat.{{{{ check: const_flat }}}}"
+                   f"{{{{ also: {SECOND_RUN} }}}}", raw, "cited.json")  # named twice: said once
     said = str(info.value)
-    assert f"x.md:2: the claim 'const_flat' does not hold in {SECOND_RUN}" in said.replace(
-        "paper/tcc.in.md", "x.md")
+    assert said.count(f"tcc.in.md:2: the claim 'const_flat' does not hold in {SECOND_RUN}") == 1
     assert "does not hold in cited.json" not in said  # it holds in the run the figures are from
     # without the also:, the same template renders from the cited run alone
     assert paper.fill("flat.{{ check: const_flat }}", raw, "cited.json") == "flat."
 
 
+def test_an_also_run_is_not_judged_by_the_claims_about_the_rendered_run(
+        raw: dict[str, Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``quiet_machine`` says how the rendered run was made; an earlier run that overlapped
+    with other work does not make it false (its results claims are still judged)."""
+    monkeypatch.setattr(paper, "DATA", tmp_path)
+    busy = copy.deepcopy(raw)
+    busy["provenance"]["loadavg_after"] = [float(raw["cpus"]) + 1, 0.0, 0.0]
+    assert not paper.CLAIMS["quiet_machine"](busy)[0]
+    (tmp_path / "busy.json").write_text(json.dumps(busy))
+    assert paper.fill("{{ also: busy.json }}{{ check: quiet_machine }}", raw, "x.json") == "busy.json"
+    with pytest.raises(paper.PaperError, match="does not hold in x.json"):
+        paper.fill("{{ also: busy.json }}{{ check: quiet_machine }}", busy, "x.json")
+    _slower_langgraph(busy)
+    (tmp_path / "busy.json").write_text(json.dumps(busy))
+    with pytest.raises(paper.PaperError, match="'langgraph_faster_in_process' does not hold in busy.json"):
+        paper.fill("{{ also: busy.json }}{{ check: langgraph_faster_in_process }}", raw, "x.json")
+
+
 def test_an_also_that_names_no_committed_full_run_stops_the_render(
         raw: dict[str, Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(paper, "DATA", tmp_path)
-    (tmp_path / "quick.json").write_text(json.dumps({"profile": "quick"}))
-    (tmp_path / "torn.json").write_text('{"profile": "fu')
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setattr(paper, "DATA", data)
+    (tmp_path / "escape.json").write_text(json.dumps(raw))  # a full run, outside paper/data/
+    (data / "quick.json").write_text(json.dumps({"profile": "quick"}))
+    (data / "torn.json").write_text('{"profile": "fu')
     for name, said in [("missing.json", "names no raw file in paper/data/"),
                        ("../escape.json", "names no raw file in paper/data/"),
                        ("quick.json", "is not a full run's raw file"),
