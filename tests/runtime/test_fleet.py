@@ -127,7 +127,7 @@ def test_fleet_of_killed_workers_finishes_every_run_once(fleet_store: PgStore, t
     runs_n, steps = int(os.environ.get("TCC_FLEET_RUNS", "30")), 4  # (TCC_FLEET_RUNS=200: a longer campaign)
     rng = random.Random(int(os.environ.get("TCC_FLEET_SEED", "20261202")))
     ledger = tmp_path / "ledger"
-    extra = {"LEDGER": str(ledger), "VERIFY": "1", "DELAY": "0.02"}
+    extra = {"LEDGER": str(ledger), "VERIFY": "1", "DELAY": "0.1"}
     ids = []
     for i in range(runs_n):  # submitted from "laptop", a host that runs no worker
         out = _tcc(fleet_store, "laptop", "submit", "--run-id", f"job{i:03d}", LEDGER_AGENT, str(steps),
@@ -141,11 +141,16 @@ def test_fleet_of_killed_workers_finishes_every_run_once(fleet_store: PgStore, t
     kills = 0
     try:
         deadline = time.monotonic() + 240
+        # The first three kills come a fraction of a second apart from the first claim on:
+        # with 0.3-1.5 s between kills, a fast machine once finished the whole fleet after two
+        # kills, leaving the campaign weaker than it says.
+        _wait_until("a worker to claim a run",
+                    lambda: any(r.status == "running" for r in store.list_runs()), 60, *workers)
         while True:
             done = sum(r.status in ("completed", "failed", "unverified") for r in store.list_runs())
             if done == runs_n or time.monotonic() > deadline:
                 break
-            time.sleep(rng.uniform(0.3, 1.5))
+            time.sleep(rng.uniform(0.1, 0.4) if kills < 3 else rng.uniform(0.3, 1.5))
             if done < runs_n - 3 and kills < 12:
                 victim = rng.choice(workers)
                 victim.kill()
