@@ -6,6 +6,7 @@ Also: a comprehension's hidden iterator ``.0`` is named for what it is.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import inspect
 import json
@@ -92,6 +93,18 @@ def test_live_object_in_a_local_gets_a_resource_hint(make, example, tmp_path):
     assert "holds() line" in message and "local 'obj'" in message
     assert "; hint: " in message and RESOURCE in message
     assert message.endswith(example), message
+
+
+@pytest.mark.parametrize("make", [hashlib.sha256, hashlib.md5, hashlib.blake2b, hashlib.sha3_256,
+                                  hashlib.shake_128], ids=lambda f: f.__name__)
+def test_running_hash_in_a_local_is_hinted_to_keep_its_data_not_a_resource(make):
+    """A hashlib object held across an effect cannot be saved, and tcc.resource would give a
+    fresh, empty hash on resume: the hint says to keep the data (or digests) instead."""
+    h = make(b"so far")
+    message = capture_error(suspended(holds(h)))
+    assert "local 'obj'" in message and "; hint: " in message
+    assert "hashlib hash object (obj) cannot be saved mid-computation" in message
+    assert "keep the data it hashes" in message and RESOURCE not in message
 
 
 @pytest.mark.parametrize("async_", [False, True], ids=["Client", "AsyncClient"])

@@ -364,6 +364,18 @@ def _known(t: type) -> _Known | None:
     return None
 
 
+# The modules of hashlib's hash objects (OpenSSL's and the built-in fallbacks).
+_HASH_MODULES = frozenset({"_hashlib", "_blake2", "_md5", "_sha1", "_sha2", "_sha256",
+                           "_sha512", "_sha3"})
+
+
+def _is_hash(obj: Any) -> bool:
+    """A hashlib hash object (``hashlib.sha256()``): it does not pickle, and no factory
+    call rebuilds what it has absorbed."""
+    return _type_id(type(obj))[0] in _HASH_MODULES and callable(getattr(obj, "hexdigest", None)) \
+        and callable(getattr(obj, "update", None))
+
+
 def _variable(label: str | None, default: str) -> str:
     """The variable name ``label`` gives the object it leads to, else ``default``."""
     if label is not None:
@@ -385,6 +397,12 @@ def hint(held: list[tuple[str | None, Any]]) -> str | None:
     (the variable's value), if a lock, socket, file or connection sits in
     it.
     """
+    for label, obj in held:
+        if _is_hash(obj):  # no resource helps: the state inside a running hash is not saved
+            name = _variable(label, "h")
+            return (f"a hashlib hash object ({name}) cannot be saved mid-computation: keep the "
+                    "data it hashes (or each step's hexdigest()) across effects instead, and "
+                    "hash it where no effect is awaited in between")
     found = [(i, label, info) for i, (label, obj) in enumerate(held)
              if (info := _known(type(obj))) is not None]
     if not found:
