@@ -651,18 +651,20 @@ def fill(template: str, raw: dict[str, Any], raw_name: str, where: str = "paper/
     named = values(raw, raw_name)
     problems: list[str] = []
     runs = [(raw, raw_name)]  # every claim must hold in each; figures come from the first
+
+    def line(m: re.Match[str]) -> str:
+        return f"{where}:{template.count(chr(10), 0, m.start()) + 1}"
+
     for m in _PLACEHOLDER.finditer(template):
         inside = _INSIDE.fullmatch(m.group(1))
-        if inside is not None and (inside.group(1) or "").startswith("also:"):
-            at = f"{where}:{template.count(chr(10), 0, m.start()) + 1}"
-            if inside.group(2) in {name for _, name in runs}:
-                continue  # named twice, or the rendered run itself: judged once
-            other = _also(inside.group(2), at, problems)
+        if inside is not None and (inside.group(1) or "").startswith("also:") \
+                and inside.group(2) not in {name for _, name in runs}:  # (each run judged once)
+            other = _also(inside.group(2), line(m), problems)
             if other is not None:
                 runs.append((other, inside.group(2)))
 
     def one(m: re.Match[str]) -> str:
-        at = f"{where}:{template.count(chr(10), 0, m.start()) + 1}"
+        at = line(m)
         inside = _INSIDE.fullmatch(m.group(1))
         if inside is None:
             problems.append(f"{at}: {m.group(0)!r} is not a placeholder ({{{{ name }}}}, {{{{ check: name }}}} "

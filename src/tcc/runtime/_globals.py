@@ -102,6 +102,11 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _dunder(name: str) -> bool:
+    """``__x__``: a module's own bookkeeping (``__file__``, ``__name__``), never its data."""
+    return name.startswith("__") and name.endswith("__")
+
+
 def _in_site_packages(path: str) -> bool:
     parts = path.split(os.sep)
     return "site-packages" in parts or "dist-packages" in parts
@@ -202,7 +207,7 @@ class ModuleState:
         imported by name, and what cannot be captured (each value is tried once, here)."""
         keep: dict[str, Any] = {}
         for name, value in list(vars(module).items()):
-            if name.startswith("__") and name.endswith("__"):
+            if _dunder(name):
                 continue
             if _is_code(value) or self._borrowed(name, value):
                 keep[name] = value
@@ -236,7 +241,7 @@ class ModuleState:
             rebuilt = self._from_import.get(module.__name__, {})
             data: dict[str, Any] = {}
             for name, value in list(vars(module).items()):
-                if name.startswith("__") and name.endswith("__"):
+                if _dunder(name):
                     continue
                 if name in rebuilt and rebuilt[name] is value:
                     continue
@@ -307,10 +312,9 @@ class ModuleState:
             if not isinstance(data, dict):
                 raise errors.CorruptSnapshotError(
                     f"the snapshot's module state of {modname!r} is not a mapping")
-            if any(type(k) is not str or (k.startswith("__") and k.endswith("__"))
-                   for k in data):
-                # (a snapshot's data never holds ``__x__`` names: capture skips them, as it
-                # does here; data that does could change a module's ``__file__`` or
+            if any(type(k) is not str or _dunder(k) for k in data):
+                # (a snapshot's data never holds ``__x__`` names: capture skips them; data
+                # that does could change a module's ``__file__`` or
                 # ``__name__``, which decide whether it is the agent's: look at every
                 # module again.  A private ``__x`` global is data like any other.)
                 self._seen_modules = 0
