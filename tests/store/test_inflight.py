@@ -171,3 +171,73 @@ def test_commits_on_other_threads_fold_intents_without_losing_or_renumbering_one
     answered = [r.intent_seq for r in records if r.kind == "completion"]
     assert sorted(answered) == [r.seq for r in intents]
     assert all(r.result == b"ok %d" % r.intent_seq for r in records if r.kind == "completion")
+
+
+def _reads_of(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The journal keys of the in-flight entries verified from now on (each read of a file
+    verifies every entry in it)."""
+    from tcc.store._codec import Sealer
+
+    verified: list[bytes] = []
+    real = Sealer.open
+
+    def counting(self: Sealer, domain: bytes, key: bytes, sealed: bytes) -> object:
+        if domain == b"inflight":
+            verified.append(bytes(key))
+        return real(self, domain, key, sealed)
+
+    monkeypatch.setattr(Sealer, "open", counting)
+    return verified
+
+
+def test_a_dead_process_s_file_is_read_once_by_a_resume_and_again_only_if_it_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume looks at a dead owner's file three times (the open's sweep, the claim's
+    adoption, the sweep after the claim): one read.  A file that changed since is read again,
+    so a later handle or step never acts on what a file held before."""
+    path = str(tmp_path / "store")
+    folder = tmp_path / "store" / "inflight"
+    proc = subprocess.run([sys.executable, "-c", KILLED_CHILD, path], timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    (dead,) = folder.iterdir()
+    opened = _reads_of(monkeypatch)
+    with open_store(path) as store:
+        claimed = store.claim_run("r", steal=True)
+        assert [e for e in store.events("r") if e.kind == "taken_over"][-1].data["in_flight"] == 1
+        assert len(opened) == 1  # read once; adopted; then deleted by the sweep
+        assert not dead.exists()
+        store.append_completion("r", claimed.epoch, Completion(0, result=b"done"))
+    # the cache holds what the bytes said, for as long as they are the same bytes: a copy of
+    # the file with its last entry torn off is another file (read, and nothing adopted)
+    proc = subprocess.run([sys.executable, "-c", KILLED_CHILD.replace('"r"', '"s"'),
+                           path], timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    (second,) = folder.iterdir()
+    whole = second.read_bytes()
+    opened.clear()
+    with open_store(path) as store:
+        assert len(opened) == 1  # the open's sweep: kept (its intent is not journaled)
+        second.write_bytes(whole + whole[:5])  # a torn tail after the entry: another size
+        store.claim_run("s", steal=True)
+        assert len(opened) == 2  # the changed file was read again (and its entry adopted)
+        assert [e for e in store.events("s") if e.kind == "taken_over"][-1].data["in_flight"] == 1
+        assert [r.kind for r in store.journal("s")] == ["intent"]
+
+
+def test_a_live_process_s_file_is_read_afresh_every_time(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose process lives can change at any time, even to the same size within the
+    file system's timestamp granularity: it is never answered from what it held before."""
+    path = str(tmp_path / "store")
+    folder = tmp_path / "store" / "inflight"
+    with open_store(path) as store, open_store(path) as other:
+        run = store.create_run("agent.py:main", run_id="r")
+        store.append_intent("r", run.epoch, "a", b"1")
+        opened = _reads_of(monkeypatch)
+        assert [r.name for r in other.journal("r")] == ["a"]
+        (mine,) = folder.iterdir()
+        before = mine.stat()
+        mine.write_bytes(os.urandom(before.st_size))  # same inode and size ...
+        os.utime(mine, ns=(before.st_atime_ns, before.st_mtime_ns))  # ... and time
+        assert [r.name for r in other.journal("r")] == []  # read again: garbage, skipped
+        assert len(opened) == 1

@@ -169,14 +169,62 @@ class InflightLog:
 
 
 # ------------------------------------------------------------------- reading
+def _owner(path: str) -> tuple[str, int] | None:
+    """(host, pid) of the process whose file ``path`` is (``HOST-PID-ID.log``), or None."""
+    host, _, rest = os.path.basename(path).rpartition("-")[0].rpartition("-")
+    try:
+        return host, int(rest)
+    except ValueError:
+        return None
+
+
+def _final(path: str) -> bool:
+    """Whether nothing can append to ``path`` any more: its process ran on this host and is
+    gone (only the process that made a file writes to it, and its name is never reused)."""
+    owner = _owner(path)
+    return owner is not None and owner[0] == HOST and owner[1] != os.getpid() \
+        and not pid_alive(owner[1])
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _entries(scope: Scope, path: str) -> list[tuple[bytes, int, bytes]]:
     """The intact entries of one file: ``(journal key, epoch, sealed journal record)``.
-    A torn or foreign tail ends the reading; an entry that does not verify is skipped."""
+    A torn or foreign tail ends the reading; an entry that does not verify is skipped.
+
+    The file of a process that is gone is read and verified once per store handle: a
+    resume reads it three times (the open's sweep, the claim's adoption, the sweep after
+    the claim).  The entries are kept with the (inode, size, mtime) of the file they were
+    read from, and read again if any of those differ."""
+    final = _final(path)
+    if final:
+        seen = scope.inflight_seen.get(path)
+        try:
+            if seen is not None and seen[0] == _stamp(os.lstat(path)):
+                return seen[1]
+        except OSError:
+            return []
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(_MAX_FILE)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return []
+    try:
+        stamp = _stamp(os.fstat(fd))
+        chunks = []
+        left = min(stamp[2], _MAX_FILE)
+        while left > 0:
+            got = os.read(fd, left)
+            if not got:
+                break
+            chunks.append(got)
+            left -= len(got)
+        data = b"".join(chunks)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
     out = []
     pos = 0
     while pos + _FRAME.size <= len(data):
@@ -194,6 +242,10 @@ def _entries(scope: Scope, path: str) -> list[tuple[bytes, int, bytes]]:
             continue
         if type(epoch) is int and isinstance(value, bytes):
             out.append((key, epoch, value))
+    if final:
+        if len(scope.inflight_seen) >= 64:
+            scope.inflight_seen.clear()
+        scope.inflight_seen[path] = (stamp, out)
     return out
 
 
@@ -252,13 +304,7 @@ def sweep(scope: Scope) -> None:
     """Delete the files of this host's processes that are gone once nothing in them is
     still to be journaled (each intent is in the journal, or its run moved on)."""
     for path in _files(scope):
-        name = os.path.basename(path)
-        host, _, rest = name.rpartition("-")[0].rpartition("-")
-        try:
-            pid = int(rest)
-        except ValueError:
-            continue
-        if host != HOST or pid == os.getpid() or pid_alive(pid):
+        if not _final(path):
             continue
         entries = _entries(scope, path)
 
@@ -280,5 +326,6 @@ def sweep(scope: Scope) -> None:
         try:
             if scope.read(stale):
                 os.unlink(path)
+                scope.inflight_seen.pop(path, None)
         except OSError:
             pass
