@@ -349,27 +349,35 @@ def _steps(raw: dict[str, Any]) -> dict[tuple[str, int, str], list[float]]:
 
 
 def const_flat(raw: dict[str, Any]) -> Verdict:
-    """"in `const` the medians from N = 10 to N = 10,000 lie within a quarter of one another"
-    (§5), goal (1) "met": the largest median of continuation's in-process recovery over N is
-    at most 1.25 times the smallest."""
+    """"in `const` the medians from N = 10 to N = 10,000 lie within half of one another"
+    (§5), goal (1) "met under a relaxed criterion": the largest median of continuation's
+    in-process recovery over N is at most 1.5 times the smallest."""
     rec = _rec(raw)
     cells = {n: rec[(r, n, s)] for (r, n, s) in rec if r == "const" and s == "continuation"}
     meds = [med(xs) for xs in cells.values()]
     shown = ", ".join(f"N={n:,}: {ms_ci(xs)}" for n, xs in sorted(cells.items()))
-    return max(meds) <= 1.25 * min(meds), f"{shown}; largest / smallest {times(max(meds) / min(meds))}"
+    return max(meds) <= 1.5 * min(meds), f"{shown}; largest / smallest {times(max(meds) / min(meds))}"
 
 
-def const_intervals_apart(raw: dict[str, Any]) -> Verdict:
-    """Goal (1): "the criterion first stated, intervals that overlap at every N, is not met
-    here": two of continuation's in-process recovery intervals in `const` do not overlap."""
+def _const_apart(raw: dict[str, Any]) -> list[str]:
+    """The pairs of N whose `const` continuation in-process intervals do not overlap."""
     from benchmarks.report import ci95
 
     rec = _rec(raw)
     cells = {n: ci95(rec[(r, n, s)]) for (r, n, s) in rec if r == "const" and s == "continuation"}
-    apart = [(a, b) for a in cells for b in cells if a < b
-             and (cells[a][1] < cells[b][0] or cells[b][1] < cells[a][0])]
-    return bool(apart), ", ".join(f"N={a:,} {ms(cells[a][0])}–{ms(cells[a][1])} and N={b:,} "
-                                  f"{ms(cells[b][0])}–{ms(cells[b][1])}" for a, b in apart) or "all overlap"
+    return [f"N={a:,} {ms(cells[a][0])}–{ms(cells[a][1])} and N={b:,} {ms(cells[b][0])}–{ms(cells[b][1])}"
+            for a in cells for b in cells if a < b
+            and (cells[a][1] < cells[b][0] or cells[b][1] < cells[a][0])]
+
+
+def const_intervals_disagree(runs: list[tuple[dict[str, Any], str]]) -> Verdict:
+    """Goal (1), the criterion first stated (intervals that overlap at every N): "the runs
+    disagree": in one of the runs judged (the rendered one and each ``also:``) every interval
+    of continuation's in-process recovery in `const` overlaps every other, and in another two
+    do not.  Judged once, over all the runs."""
+    apart = {name: _const_apart(raw) for raw, name in runs}
+    return (any(apart.values()) and not all(apart.values()),
+            "; ".join(f"{name}: {', '.join(pairs) or 'all overlap'}" for name, pairs in apart.items()))
 
 
 def state_grows(raw: dict[str, Any]) -> Verdict:
@@ -395,17 +403,14 @@ def replay_grows(raw: dict[str, Any]) -> Verdict:
     return ok, "; ".join(shown)
 
 
-def replay_faster_at_10(raw: dict[str, Any]) -> Verdict:
-    """"at N = 10 replay is faster in `const`, and not told apart from continuation in
-    `grow`"; "only in `const` at N = 10 is it faster" (§5, §6): at N = 10 replay/continuation
-    lies below 1 in `const`, its interval holds 1 in `grow`, and it lies below 1 in no other
-    regime measured at N = 10."""
+def replay_not_slower_at_10(raw: dict[str, Any]) -> Verdict:
+    """"at N = 10 without work between effects replay is as fast or faster" (§5, §6): at
+    N = 10 replay/continuation lies above 1 in neither `const` nor `grow`, and above 1 in
+    `work`."""
     rec = _rec(raw)
     pairs = {r: (rec[(r, 10, "replay")], rec[(r, 10, "continuation")])
              for (r, n, s) in sorted(rec) if n == 10 and s == "continuation"}
-    grow = pairs["grow"]
-    return (_below(*pairs["const"]) and not (_below(*grow) or _above(*grow))
-            and not any(_below(*p) for r, p in pairs.items() if r != "const"),
+    return (not _above(*pairs["const"]) and not _above(*pairs["grow"]) and _above(*pairs["work"]),
             ", ".join(f"{r}: {ratio_cell(*p)}" for r, p in pairs.items()))
 
 
@@ -508,34 +513,37 @@ def _step_cells(raw: dict[str, Any]) -> dict[tuple[str, int, str], tuple[list[fl
 
 
 def step_cost_against_peers(raw: dict[str, Any]) -> Verdict:
-    """"Per step, tcc is cheaper than DBOS and than LangGraph's default in every case
-    measured, and never dearer than LangGraph with DeltaChannel" (§5): continuation/DBOS and
-    continuation/LangGraph lie below 1 in every case, and continuation/(LangGraph with
-    DeltaChannel) lies above 1 in none."""
+    """"Per step, tcc is cheaper than DBOS in every case measured, and never dearer than
+    LangGraph's default saver" (§5): continuation/DBOS lies below 1 in every case, and
+    continuation/LangGraph above 1 in none."""
     cells = _step_cells(raw)
-    base = [c for (_, _, p), c in cells.items() if p != DELTA]
-    return (bool(base) and all(_below(*c) for c in base) and not any(_above(*c) for c in cells.values()),
-            ", ".join(f"{r} N={n:,} /{p}: {ratio_cell(*c)}" for (r, n, p), c in cells.items()))
+    dbos = [c for (_, _, p), c in cells.items() if p == "dbos"]
+    default = [c for (_, _, p), c in cells.items() if p == "langgraph"]
+    return (bool(dbos) and all(_below(*c) for c in dbos) and not any(_above(*c) for c in default),
+            ", ".join(f"{r} N={n:,} /{p}: {ratio_cell(*c)}" for (r, n, p), c in cells.items() if p != DELTA))
 
 
-# The cases measured (STEP_CASES), and those in which §5 says tcc's step is cheaper (the
-# interval lies below 1; in every other case it says the difference is not shown).
+# The cases measured (STEP_CASES); those in which §5 says tcc's step is cheaper (the interval
+# lies below 1: STEP_CHEAPER), and those in which it says it is not (STEP_NOT_CHEAPER: the
+# interval does not lie below 1).  The others go unsaid: quiet full runs disagree on them.
 STEP_CASES = ({(r, n, p) for r in ("const", "grow", "mutate") for n in (100, 1000)
                for p in ("dbos", "langgraph", DELTA)}
               | {("grow", 10000, "dbos"), ("grow", 10000, DELTA)})
-STEP_CHEAPER = ({k for k in STEP_CASES if k[2] != DELTA}
+STEP_CHEAPER = ({k for k in STEP_CASES if k[2] == "dbos"}
+                | {("const", 1000, "langgraph"), ("grow", 1000, "langgraph"), ("mutate", 1000, "langgraph")}
                 | {("const", 100, DELTA), ("const", 1000, DELTA), ("grow", 10000, DELTA)})
+STEP_NOT_CHEAPER = {("grow", 100, DELTA), ("grow", 1000, DELTA), ("mutate", 1000, DELTA)}
 
 
 def step_cost_as_listed(raw: dict[str, Any]) -> Verdict:
-    """"Against LangGraph with DeltaChannel tcc is cheaper in `const` at N = 100 and 1,000
-    and in `grow` at N = 10,000; in `grow` at N = 100 and 1,000 and in `mutate` the
-    difference is not shown.  In no case is tcc dearer" (§5, and the step-cost table's
-    cells): the cases measured are STEP_CASES, continuation/peer lies below 1 in exactly
-    those of STEP_CHEAPER, and above 1 in none."""
+    """"cheaper than LangGraph's default saver in every regime at N = 1,000; than LangGraph
+    with DeltaChannel in `const` at N = 100 and 1,000 and in `grow` at N = 10,000, and not
+    cheaper in `grow` at N = 100 and 1,000 and in `mutate` at N = 1,000" (§5, and the
+    step-cost table's cells): the cases measured are STEP_CASES, continuation/peer lies below
+    1 in each of STEP_CHEAPER and in none of STEP_NOT_CHEAPER."""
     cells = _step_cells(raw)
     below = {k for k, c in cells.items() if _below(*c)}
-    return (set(cells) == STEP_CASES and below == STEP_CHEAPER and not any(_above(*c) for c in cells.values()),
+    return (set(cells) == STEP_CASES and STEP_CHEAPER <= below and not below & STEP_NOT_CHEAPER,
             ", ".join(f"{r} N={n:,} /{p}: {ratio_cell(*c)}" for (r, n, p), c in sorted(cells.items())))
 
 
@@ -622,7 +630,7 @@ def langgraph_read_is_peer(raw: dict[str, Any]) -> Verdict:
 
 CLAIMS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
     f.__name__: f for f in (
-        const_flat, const_intervals_apart, state_grows, replay_grows, replay_faster_at_10, continuation_ahead_at_100,
+        const_flat, state_grows, replay_grows, replay_not_slower_at_10, continuation_ahead_at_100,
         continuation_ahead_from_1000, goal2_met_in_process, goal2_not_met_whole_process,
         goal3_met_against_dbos, langgraph_faster_in_process, langgraph_slower_only_by_imports,
         dbos_far_slower_without_poll, dbos_poll_about_a_second, step_cost_against_peers,
@@ -631,6 +639,13 @@ CLAIMS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
         snapshot_below_a_millisecond, mtbf_one_hour, quiet_machine,
         two_builds_per_case, langgraph_read_is_peer,
     )
+}
+
+
+# Claims judged once over all the runs judged (the rendered one and each ``also:``): what
+# the runs say together, such as that they disagree.
+ACROSS_RUNS: dict[str, Callable[[list[tuple[dict[str, Any], str]]], Verdict]] = {
+    f.__name__: f for f in (const_intervals_disagree,)
 }
 
 
@@ -673,6 +688,16 @@ def fill(template: str, raw: dict[str, Any], raw_name: str, where: str = "paper/
         kind, name = inside.groups()
         if kind and kind.startswith("also:"):
             return name  # loaded (or its problem said) above
+        if kind and name in ACROSS_RUNS:
+            try:
+                holds, shown = ACROSS_RUNS[name](runs)
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError) as exc:
+                holds, shown = False, f"cannot be judged from these raw files ({exc!r})"
+            if not holds:
+                problems.append(f"{at}: the claim {name!r} does not hold across "
+                                f"{', '.join(judged for _, judged in runs)} ({shown}): rewrite the "
+                                "sentence the check follows (and the check)")
+            return ""
         if kind:
             if name not in CLAIMS:
                 problems.append(f"{at}: unknown claim {name!r} (benchmarks/paper.py CLAIMS)")
