@@ -194,12 +194,18 @@ def test_a_dead_process_s_file_is_read_once_by_a_resume_and_again_only_if_it_cha
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A resume looks at a dead owner's file three times (the open's sweep, the claim's
     adoption, the sweep after the claim): one read.  A file that changed since is read again,
-    so a later handle or step never acts on what a file held before."""
+    whether its size changed or only its time, so a later look never acts on what it held."""
     path = str(tmp_path / "store")
     folder = tmp_path / "store" / "inflight"
-    proc = subprocess.run([sys.executable, "-c", KILLED_CHILD, path], timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    (dead,) = folder.iterdir()
+
+    def killed(run_id: str) -> Path:
+        proc = subprocess.run([sys.executable, "-c", KILLED_CHILD.replace('"r"', f'"{run_id}"'), path],
+                              timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        (left,) = folder.iterdir()
+        return left
+
+    dead = killed("r")
     opened = _reads_of(monkeypatch)
     with open_store(path) as store:
         claimed = store.claim_run("r", steal=True)
@@ -207,37 +213,66 @@ def test_a_dead_process_s_file_is_read_once_by_a_resume_and_again_only_if_it_cha
         assert len(opened) == 1  # read once; adopted; then deleted by the sweep
         assert not dead.exists()
         store.append_completion("r", claimed.epoch, Completion(0, result=b"done"))
-    # the cache holds what the bytes said, for as long as they are the same bytes: a copy of
-    # the file with its last entry torn off is another file (read, and nothing adopted)
-    proc = subprocess.run([sys.executable, "-c", KILLED_CHILD.replace('"r"', '"s"'),
-                           path], timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    (second,) = folder.iterdir()
+
+    # another size: a torn tail after the entry (the entry itself still counts)
+    second = killed("s")
     whole = second.read_bytes()
     opened.clear()
     with open_store(path) as store:
-        assert len(opened) == 1  # the open's sweep: kept (its intent is not journaled)
-        second.write_bytes(whole + whole[:5])  # a torn tail after the entry: another size
+        assert len(opened) == 1  # the open's sweep: kept (its intent is not journaled yet)
+        second.write_bytes(whole + whole[:5])
         store.claim_run("s", steal=True)
-        assert len(opened) == 2  # the changed file was read again (and its entry adopted)
+        assert len(opened) == 2  # read again, and its entry adopted
         assert [e for e in store.events("s") if e.kind == "taken_over"][-1].data["in_flight"] == 1
         assert [r.kind for r in store.journal("s")] == ["intent"]
+
+    # the same size, another time: garbage where the entry was (nothing to adopt)
+    third = killed("t")
+    opened.clear()
+    with open_store(path) as store:
+        assert len(opened) == 1
+        before = third.stat()
+        third.write_bytes(os.urandom(before.st_size))
+        os.utime(third, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+        store.claim_run("t", steal=True)
+        assert len(opened) == 1  # read again: no entry verifies
+        assert "in_flight" not in [e for e in store.events("t") if e.kind == "taken_over"][-1].data
+        assert store.journal("t") == []
+
+
+LIVE_CHILD = r"""
+import sys
+from tcc.store import open_store
+with open_store(sys.argv[1]) as store:
+    run = store.create_run("agent.py:main", run_id="r")
+    store.append_intent("r", run.epoch, "a", b"1")
+    print("ready", flush=True)
+    sys.stdin.read()  # alive, its intent in flight, until the test closes stdin
+"""
 
 
 def test_a_live_process_s_file_is_read_afresh_every_time(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file whose process lives can change at any time, even to the same size within the
-    file system's timestamp granularity: it is never answered from what it held before."""
+    """The file of another process that lives can change at any time, even to the same size
+    within the file system's timestamp granularity: it is never answered from what it held
+    before."""
     path = str(tmp_path / "store")
     folder = tmp_path / "store" / "inflight"
-    with open_store(path) as store, open_store(path) as other:
-        run = store.create_run("agent.py:main", run_id="r")
-        store.append_intent("r", run.epoch, "a", b"1")
+    child = subprocess.Popen([sys.executable, "-c", LIVE_CHILD, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
         opened = _reads_of(monkeypatch)
-        assert [r.name for r in other.journal("r")] == ["a"]
-        (mine,) = folder.iterdir()
-        before = mine.stat()
-        mine.write_bytes(os.urandom(before.st_size))  # same inode and size ...
-        os.utime(mine, ns=(before.st_atime_ns, before.st_mtime_ns))  # ... and time
-        assert [r.name for r in other.journal("r")] == []  # read again: garbage, skipped
-        assert len(opened) == 1
+        with open_store(path) as store:
+            assert [r.name for r in store.journal("r")] == ["a"]
+            (theirs,) = folder.iterdir()
+            before = theirs.stat()
+            theirs.write_bytes(os.urandom(before.st_size))  # same inode and size ...
+            os.utime(theirs, ns=(before.st_atime_ns, before.st_mtime_ns))  # ... and time
+            assert store.journal("r") == []  # read again: garbage, skipped
+            assert len(opened) == 1
+    finally:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.close()
+        child.wait(timeout=60)
+        child.stdout.close()

@@ -290,6 +290,10 @@ class Driver:
         # or a takeover (--steal) ends the wait with FencedError, as anywhere else.
         if self.attempts.loop is not None:  # stuck threads need one
             self.attempts.loop.run_until_complete(self.attempts.drain_stuck_threads(owned=True))
+        # No renewal may follow the release, or the run would look owned for a whole lease
+        # more: the heartbeat ends first (the drive's own stop and join come later).
+        self.claim.stop_heartbeat()
+        self.claim.join_heartbeat(timeout=5)
         self.claim.release()  # anyone may resume it now
         return Outcome(self.run_id, parked.status, None, None, self.effects, self.checkpoints,
                        self.replayed, parked.info)

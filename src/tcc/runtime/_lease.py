@@ -9,7 +9,6 @@ thread), so that a cancel or a takeover (``--steal``) is noticed there too.
 
 from __future__ import annotations
 
-import _thread
 import threading
 
 from .. import errors
@@ -25,7 +24,7 @@ class Lease:
         self.epoch = epoch
         self.seconds = seconds
         self._stop_heartbeat = threading.Event()
-        self._heartbeat_done: threading.Event | None = None  # set when its thread ends
+        self._heartbeat_thread: threading.Thread | None = None
 
     def check_owner(self, doing: str) -> None:
         """Raise FencedError if the run was cancelled or taken over (a read: no write)."""
@@ -42,24 +41,22 @@ class Lease:
             "it stops here; nothing more was written")
 
     def start_heartbeat(self) -> None:
-        """Renew the lease in a thread of its own until :meth:`stop_heartbeat`.
-
-        A bare ``_thread`` thread: ``threading.Thread.start`` waits until the new thread
-        runs (~0.1 ms, a tenth of a resume's own work before its first effect), and this
-        thread needs nothing of ``threading``'s bookkeeping.  Like a daemon thread, it does
-        not hold up the interpreter's exit; :meth:`join_heartbeat` waits for it."""
-        done = self._heartbeat_done = threading.Event()
-        _thread.start_new_thread(self._heartbeat, (done,))
+        """Renew the lease in a daemon thread until :meth:`stop_heartbeat`."""
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="tcc-lease", daemon=True)
+        self._heartbeat_thread.start()
 
     def stop_heartbeat(self) -> None:
         """Renew no more (the thread ends at its next wake-up; :meth:`join_heartbeat`)."""
         self._stop_heartbeat.set()
 
-    def join_heartbeat(self, timeout: float) -> None:
-        """Wait (up to ``timeout`` seconds) for the heartbeat's thread to end: no renewal
-        runs once this returns (after :meth:`stop_heartbeat`)."""
-        if self._heartbeat_done is not None:
-            self._heartbeat_done.wait(timeout=timeout)
+    def join_heartbeat(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the heartbeat's thread to end (after
+        :meth:`stop_heartbeat`).  True once it has: no renewal runs or will run.  False if a
+        renewal is still stuck in the store after ``timeout``; it may still land."""
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=timeout)
+            return not self._heartbeat_thread.is_alive()
+        return True
 
     def release(self) -> None:
         """Let anyone resume the run now (a parked run); a lost lease is no error here."""
@@ -68,12 +65,9 @@ class Lease:
         except errors.TccError:
             pass
 
-    def _heartbeat(self, done: threading.Event) -> None:
-        try:
-            while not self._stop_heartbeat.wait(self.seconds / 3):
-                try:
-                    self.store.renew_lease(self.run_id, self.epoch, self.seconds)
-                except errors.TccError:
-                    return  # fenced or closed: the next commit reports it
-        finally:
-            done.set()
+    def _heartbeat(self) -> None:
+        while not self._stop_heartbeat.wait(self.seconds / 3):
+            try:
+                self.store.renew_lease(self.run_id, self.epoch, self.seconds)
+            except errors.TccError:
+                return  # fenced or closed: the next commit reports it

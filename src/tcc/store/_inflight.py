@@ -53,6 +53,8 @@ __all__ = ["InflightLog", "adopt", "ensure", "left_behind", "sweep"]
 DIR = "inflight"
 _FRAME = struct.Struct(">II")  # key length, sealed entry length
 _MAX_FILE = 256 << 20  # read at most this much of one file (entries past it wait for a commit)
+_CACHE_MAX = 64 << 10  # a dead process's file up to this size is read once per handle (_entries):
+# it holds the few intents that process left in flight, one per run it was driving
 
 
 class _Intent:
@@ -190,22 +192,27 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _entries(scope: Scope, path: str) -> list[tuple[bytes, int, bytes]]:
+def _entries(scope: Scope, path: str, final: bool | None = None) -> list[tuple[bytes, int, bytes]]:
     """The intact entries of one file: ``(journal key, epoch, sealed journal record)``.
     A torn or foreign tail ends the reading; an entry that does not verify is skipped.
 
-    The file of a process that is gone is read and verified once per store handle: a
-    resume reads it three times (the open's sweep, the claim's adoption, the sweep after
-    the claim).  The entries are kept with the (inode, size, mtime) of the file they were
-    read from, and read again if any of those differ."""
-    final = _final(path)
-    if final:
-        seen = scope.inflight_seen.get(path)
+    The file of a process that is gone (``final``: :func:`_final`, judged here if None) is
+    read and verified once per store handle: a resume reads it three times (the open's sweep,
+    the claim's adoption, the sweep after the claim).  Its entries are kept, if the file is
+    at most ``_CACHE_MAX`` bytes, with the (device, inode, size, mtime) of the file they were
+    read from, and it is read again if any of those differ.  A file cached is final for good:
+    its process was gone before it was read, and no other process writes to a file of that
+    name."""
+    seen = scope.inflight_seen.get(path)
+    if seen is not None:
         try:
-            if seen is not None and seen[0] == _stamp(os.lstat(path)):
-                return seen[1]
+            if seen[0] == _stamp(os.lstat(path)):
+                return list(seen[1])
         except OSError:
             return []
+        final = True
+    elif final is None:
+        final = _final(path)  # (before the reading: what is read then is all there will be)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
@@ -242,10 +249,10 @@ def _entries(scope: Scope, path: str) -> list[tuple[bytes, int, bytes]]:
             continue
         if type(epoch) is int and isinstance(value, bytes):
             out.append((key, epoch, value))
-    if final:
+    if final and stamp[2] <= _CACHE_MAX:
         if len(scope.inflight_seen) >= 64:
             scope.inflight_seen.clear()
-        scope.inflight_seen[path] = (stamp, out)
+        scope.inflight_seen[path] = (stamp, tuple(out))
     return out
 
 
@@ -306,7 +313,7 @@ def sweep(scope: Scope) -> None:
     for path in _files(scope):
         if not _final(path):
             continue
-        entries = _entries(scope, path)
+        entries = _entries(scope, path, final=True)
 
         def stale(txn: Any) -> bool:
             mine = scope.tenant_key + b"\x00"

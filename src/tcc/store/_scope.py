@@ -62,9 +62,9 @@ class Scope:
         self.runs_seen: dict[bytes, tuple[bytes, dict[str, Any], dict[str, bytes]]] = {}
         # db + head key -> (record bytes, value) of head records verified or written
         self.heads_seen: dict[bytes, tuple[bytes, Any]] = {}
-        # in-flight file of a process that is gone -> ((dev, inode, size, mtime), its
+        # in-flight file of a process that is gone -> ((device, inode, size, mtime), its
         # entries): read once per handle (``_inflight._entries``)
-        self.inflight_seen: dict[str, tuple[tuple[int, int, int, int], list[tuple[bytes, int, bytes]]]] = {}
+        self.inflight_seen: dict[str, tuple[tuple[int, int, int, int], tuple[tuple[bytes, int, bytes], ...]]] = {}
         self.closed = False
         self.memo_lock = threading.Lock()  # guards memos and intents
         self.memos: dict[bytes, RunMemo] = {}  # run id -> its last checkpoint here
