@@ -692,7 +692,7 @@ def fill(template: str, raw: dict[str, Any], raw_name: str, where: str = "paper/
         if kind and kind.startswith("also:"):
             return name  # loaded (or its problem said) above
         if kind:
-            # (verdict, where it was judged): each run, or all the runs at once
+            # (verdict, which run(s) it judges): each run, or all the runs at once
             if name in ACROSS_RUNS:
                 verdicts = [(functools.partial(ACROSS_RUNS[name], runs),
                              "across " + ", ".join(judged_name for _, judged_name in runs))]
@@ -702,14 +702,14 @@ def fill(template: str, raw: dict[str, Any], raw_name: str, where: str = "paper/
             else:
                 problems.append(f"{at}: unknown claim {name!r} (benchmarks/paper.py CLAIMS, ACROSS_RUNS)")
                 return ""
-            for verdict, where in verdicts:
+            for verdict, judged_in in verdicts:
                 try:
                     holds, shown = verdict()
                 except (KeyError, IndexError, TypeError, AttributeError, ValueError,
                         ZeroDivisionError) as exc:  # (an older raw file's shape)
                     holds, shown = False, f"cannot be judged from the raw file ({exc!r})"
                 if not holds:
-                    problems.append(f"{at}: the claim {name!r} does not hold {where} ({shown}): "
+                    problems.append(f"{at}: the claim {name!r} does not hold {judged_in} ({shown}): "
                                     "rewrite the sentence the check follows (and the check)")
             return ""
         if name not in named:
