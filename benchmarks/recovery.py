@@ -63,29 +63,27 @@ PROFILES = {
     "smoke": {"sizes": [10, 50], "repeats": 2, "regimes": ["const", "grow", "work"],
               "state_sizes": [1 << 10, 100 << 10], "k_sweep": [1, 4, 16], "peer_sizes": [10],
               "steady_sizes": [50, 200], "held_bytes": 1 << 20,
-              "step_sizes": [10], "step_regimes": ["const", "grow", "mutate"], "state_n": 20},
+              "step_sizes": [5, 10], "step_regimes": ["const", "grow", "mutate"], "state_n": 20},
     "quick": {"sizes": [10, 100, 1000], "repeats": 3, "regimes": ["const", "grow", "work"],
               "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
               "k_sweep": [1, 4, 16, 64], "peer_sizes": [100, 1000],
               "steady_sizes": [100, 1000], "held_bytes": 10 << 20,
               "step_sizes": [100, 1000], "step_regimes": ["const", "grow", "mutate"], "state_n": 100},
-    # --full must finish within an hour on 2 cores (issue #24): recovery cases get 10
-    # repetitions; the peers' recovery is compared at N = 1,000 (each repetition builds a new
-    # crashed store per system, minutes at N = 10,000); at N = 10,000, whose runs take a
-    # minute each, the step costs are the growing transcript only (5 repetitions) and so is
-    # the steady state (3).
+    # --full must finish within an hour on 2 cores (issue #24) with 10 repetitions of every
+    # case: the peers' recovery is compared at N = 1,000 (each repetition builds a new crashed
+    # store per system, minutes at N = 10,000); a step-cost or steady-state run goes to its
+    # regime's largest size and the smaller sizes are read off its first steps (step_costs).
     "full": {"sizes": [10, 100, 1000, 10000], "repeats": 10, "regimes": ["const", "grow", "work"],
              "state_sizes": [1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20],
              "k_sweep": [1, 4, 16, 64, 256], "peer_sizes": [1000],
-             "steady_sizes": [100, 1000], "held_bytes": 100 << 20,
-             "steady_extra": [["grow", 10000, 3]],
-             "step_plan": [[regime, n, 5] for n in (100, 1000) for regime in ("const", "grow", "mutate")]
-             + [["grow", 10000, 5]],
+             "steady_plan": {"grow": [100, 1000, 10000], "mutate": [100, 1000]}, "held_bytes": 100 << 20,
+             "step_plan": {"const": [100, 1000], "grow": [100, 1000, 10000], "mutate": [100, 1000]},
              "builds": 2, "state_n": 100,
              "conditions": ["warm", "cold", "reboot"],
              # tcc, DBOS and LangGraph on one PostgreSQL server (benchmarks/postgres.py), each
-             # on its production store there: ~10 minutes (DBOS replays N steps to recover)
-             "postgres": {"sizes": [1000, 10000], "repeats": 5, "regimes": ["const"],
+             # on its production store there, at N = 1,000 (~3 minutes; a repetition at
+             # N = 10,000 takes a minute, DBOS replaying every step to recover)
+             "postgres": {"sizes": [1000], "repeats": 10, "regimes": ["const"],
                           "floor_block": 500}},
 }
 WORK_MS = 0.5
@@ -402,36 +400,45 @@ def steady_state(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[
     """The cost of one step once a run is long: the median of the last steps' intervals.
 
     ``grow`` (a transcript + one chat message per step) and ``mutate`` (a 16-message
-    scratchpad, one slot rewritten per step) at each of ``steady_sizes``, continuation (a
+    scratchpad, one slot rewritten per step) at each size of ``steady_plan``, continuation (a
     snapshot after every effect) next to replay (journal only); and ``hold`` (an unchanged
     ``bytes`` of ``held_bytes`` kept all along) next to the same agent without it, at the
-    smallest size.  Runs are in-process, repetitions interleaved."""
+    smallest size.  Runs are in-process, repetitions interleaved.  One run per regime and
+    strategy goes to the regime's largest size, and a smaller size N reads the last steps
+    before step N of it: step i does the same whatever the run's length (as in
+    ``step_costs``), so that is what a run of N steps would show."""
     from tcc import runtime
 
     agent = runtime.load_script(AGENT)
-    small = min(profile["steady_sizes"])
-    cases = [(regime, n, strategy, regime) for regime in ("grow", "mutate") for n in profile["steady_sizes"]
-             for strategy in ("continuation", "replay")]
-    # larger sizes, with fewer repetitions (a run of 10,000 grow steps takes about a minute)
-    extra = [(regime, int(n), strategy, regime, int(reps)) for regime, n, reps in profile.get("steady_extra", [])
-             for strategy in ("continuation", "replay")]
-    cases += [("hold", small, "continuation", f"hold:{profile['held_bytes']}"),
-              ("hold", small, "continuation", "const")]
-    reps = {c: profile["repeats"] for c in cases}
-    reps.update({e[:4]: e[4] for e in extra})
-    cases += [e[:4] for e in extra]
-    samples: dict[tuple[str, int, str, str], list[float]] = {c: [] for c in cases}
+    plan = steady_plan(profile)
+    small = min(min(sizes) for sizes in plan.values())
+    runs = [(regime, sizes, strategy, regime) for regime, sizes in plan.items()
+            for strategy in ("continuation", "replay")]
+    runs += [("hold", [small], "continuation", f"hold:{profile['held_bytes']}"),
+             ("hold", [small], "continuation", "const")]
+    samples: dict[tuple[str, int, str, str], list[float]] = {
+        (kind, n, strategy, regime): [] for kind, sizes, strategy, regime in runs for n in sizes}
     for rep in range(profile["repeats"]):
-        for case in shuffled([c for c in cases if reps[c] > rep]):
-            kind, n, strategy, regime = case
-            gaps = step_gaps(agent, work / f"steady-{kind}-{n}-{strategy}-{regime}-{rep}", n, regime, strategy)
-            samples[case].append(median(gaps[-min(STEADY_TAIL, len(gaps) // 2):]))
-    rows = [{"kind": kind, "n": n, "strategy": strategy, "regime": regime, "step_s": samples[(kind, n, strategy, regime)]}
-            for kind, n, strategy, regime in cases]
+        for kind, sizes, strategy, regime in shuffled(runs):
+            gaps = step_gaps(agent, work / f"steady-{kind}-{strategy}-{regime}-{rep}", max(sizes), regime, strategy)
+            for n in sizes:  # a run of n steps has n - 1 gaps
+                head = gaps[:n - 1]
+                samples[(kind, n, strategy, regime)].append(median(head[-min(STEADY_TAIL, len(head) // 2):]))
+    rows = [{"kind": kind, "n": n, "strategy": strategy, "regime": regime, "run_n": max(sizes),
+             "step_s": samples[(kind, n, strategy, regime)]}
+            for kind, sizes, strategy, regime in runs for n in sizes]
     for row in rows:
         log(f"steady {row['kind']:4} N={row['n']:<6} {row['strategy']:12} {row['regime']:>16} "
             f"{median(row['step_s']) * 1e3:7.3f} ms/step")
     return rows
+
+
+def steady_plan(profile: dict[str, Any]) -> dict[str, list[int]]:
+    """The sizes of each steady-state regime: ``steady_plan`` if the profile has one, else
+    ``steady_sizes`` for both ``grow`` and ``mutate``."""
+    if "steady_plan" in profile:
+        return {regime: sorted(int(n) for n in sizes) for regime, sizes in profile["steady_plan"].items()}
+    return {regime: sorted(int(n) for n in profile["steady_sizes"]) for regime in ("grow", "mutate")}
 
 
 # LangGraph keeps every checkpoint, each the whole state: on the growing transcript that is
@@ -441,72 +448,72 @@ STEP_COST_MAX_N = {("langgraph", "grow"): 3000}
 
 def step_costs(profile: dict[str, Any], work: pathlib.Path, log: Any) -> list[dict[str, Any]]:
     """What a step costs, tcc next to the installed peers and their production variants
-    (LangGraph with DeltaChannel), in each of ``step_regimes`` (default: the growing transcript).
+    (LangGraph with DeltaChannel), in each regime of ``step_plan`` at each of its sizes.
 
-    At each size, one repetition of every system per round (rounds interleaved): every
-    system, tcc continuation and tcc replay included (``peers/tcc_peer.py``), runs its crash
-    child (N-1 steps, then SIGKILL; see ``benchmarks/peers/_harness.py``), and the figure is
-    ``(t_kill - t_begin) / (N - 1)``: the mean step over the whole run, with the agent's own
-    work in it and the system's start-up out of it, measured the same way for all.
+    Every system, tcc continuation and tcc replay included (``peers/tcc_peer.py``), runs its
+    crash child once per round for each regime, to the regime's largest size (the rounds
+    interleave all systems and regimes in a shuffled order), and the figure at each size N is
+    ``(t_N - t_begin) / (N - 1)``, ``t_N`` taken at the start of step N-1: the mean step over
+    the first N-1 steps, with the agent's own work in it and the system's start-up out of
+    it, measured the same way for all (``benchmarks/peers/_harness.py``, ``step_run``). A
+    smaller size is the prefix of the largest size's run: step i does the same whatever N
+    is, so this is the figure a run of N steps would give, at a tenth of the children.
     ``bare_step_s`` (the agent loop with no framework, measured once per size) is reported
     next to it.  The steady state (the last steps' median) is ``steady_state``'s business."""
+    from benchmarks.peers import _agent, tcc_peer
 
     peer_mods = installed_peers(lambda _msg: None, variants=True)  # (peers() says why one is missing)
     if not peer_mods:  # tcc alone is the steady-state section's business
         log("step costs: no peer installed (pip install 'tcc[peers]'); skipped")
         return []
-    rows: list[dict[str, Any]] = []
-    for regime, n, repeats in step_plan(profile):
-        rows += _step_costs_at(work, log, peer_mods, regime, n, repeats)
-    return rows
-
-
-def step_plan(profile: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """(regime, N, repetitions) of each step-cost case: ``step_plan`` if the profile has one,
-    else every regime of ``step_regimes`` at every size of ``step_sizes`` (or ``peer_sizes``)."""
-    if "step_plan" in profile:
-        return [(regime, int(n), int(reps)) for regime, n, reps in profile["step_plan"]]
-    return [(regime, n, profile.get("step_repeats", profile["repeats"]))
-            for regime in profile.get("step_regimes", ["grow"])
-            for n in profile.get("step_sizes", profile["peer_sizes"])]
-
-
-def _step_costs_at(work: pathlib.Path, log: Any, peer_mods: list[tuple[str, Any]],
-                   regime: str, n: int, repeats: int) -> list[dict[str, Any]]:
-    from benchmarks.peers import _agent
-
-    from benchmarks.peers import tcc_peer
-
-    rows: list[dict[str, Any]] = []
-    bare = _agent.bare_per_step_s(n, regime, 0)
-    systems = ["tcc continuation", "tcc replay", *[name for name, _ in peer_mods]]
-    samples: dict[str, dict[str, list[float]]] = {s: {"mean": [], "tail": []} for s in systems}
+    plan = step_plan(profile)
+    repeats = int(profile.get("step_repeats", profile["repeats"]))
     mods = dict(peer_mods)
+    systems = ["tcc continuation", "tcc replay", *mods]
+    runs = []  # (system, regime, the sizes its run covers)
+    for regime, sizes in plan.items():
+        for system in systems:
+            covered = [n for n in sizes if n <= STEP_COST_MAX_N.get((system, regime), n)]
+            for n in sorted(set(sizes) - set(covered)):
+                log(f"steps {regime:6} N={n:<6} {system:17} not measured: it keeps every checkpoint of the "
+                    "whole growing state")
+            if covered:
+                runs.append((system, regime, covered))
+    samples: dict[tuple[str, int, str], list[float]] = {}
     for rep in range(repeats):
-        for system in shuffled(systems):  # every system once per round, in its own order
-            if n > STEP_COST_MAX_N.get((system, regime), n):
-                continue
-            folder = work / f"steps-{system.replace(' ', '-')}-{regime}-{n}-{rep}"
-            folder.mkdir(parents=True, exist_ok=True)
-            # tcc too runs in the peers' crash child and is timed by the same formula
-            measure = (functools.partial(tcc_peer.measure, strategy=system.split(" ", 1)[1])
-                       if system.startswith("tcc ") else mods[system].measure)
-            row = measure(n, regime=regime, work_ms=0.0, repeats=1, workdir=folder, work_iters=0)
-            if row.get("final_result") not in (None, _agent.expected_result(n)):
-                raise RuntimeError(f"{system} returned {row['final_result']} at N={n} ({regime})")
-            samples[system]["mean"].append(row["per_step_overhead_runs_s"][0] + row["bare_step_s"])
-            shutil.rmtree(folder, ignore_errors=True)
-    for system in systems:
-        if not samples[system]["mean"]:
-            log(f"steps {regime:6} N={n:<6} {system:17} not measured: it keeps every checkpoint of the "
-                "whole growing state")
-            continue
-        rows.append({"n": n, "regime": regime, "system": system, "bare_step_s": bare,
-                     "mean_step_s": samples[system]["mean"], "tail_step_s": samples[system]["tail"]})
-        log(f"steps {regime:6} N={n:<6} {system:17} mean {median(samples[system]['mean']) * 1e3:7.3f} ms/step"
-            + (f"  last {STEADY_TAIL}: {median(samples[system]['tail']) * 1e3:7.3f}"
-               if samples[system]["tail"] else ""))
+        for system, regime, sizes in shuffled(runs):  # every system and regime once per round
+            top = max(sizes)
+            measure = (functools.partial(tcc_peer.measure_steps, strategy=system.split(" ", 1)[1])
+                       if system.startswith("tcc ") else mods[system].measure_steps)
+            folder = work / f"steps-{system.replace(' ', '-')}-{regime}-{rep}"
+            per_step = measure(top, marks=[n for n in sizes if n != top], regime=regime, workdir=folder)
+            for n in sizes:
+                samples.setdefault((regime, n, system), []).append(per_step[n])
+            log(f"steps r{rep} {regime:6} {system:17} " + "  ".join(
+                f"N={n}: {per_step[n] * 1e3:.3f}" for n in sizes) + " ms/step")
+    rows: list[dict[str, Any]] = []
+    for regime, sizes in plan.items():
+        for n in sizes:
+            bare = _agent.bare_per_step_s(n, regime, 0)
+            for system, _, covered in (r for r in runs if r[1] == regime):
+                if n in covered:
+                    rows.append({"n": n, "regime": regime, "system": system, "bare_step_s": bare,
+                                 "mean_step_s": samples[(regime, n, system)], "tail_step_s": [],
+                                 "run_n": max(covered)})
+    for row in rows:
+        log(f"steps {row['regime']:6} N={row['n']:<6} {row['system']:17} median "
+            f"{median(row['mean_step_s']) * 1e3:7.3f} ms/step (n = {len(row['mean_step_s'])})")
     return rows
+
+
+def step_plan(profile: dict[str, Any]) -> dict[str, list[int]]:
+    """The sizes at which each regime's step cost is given: ``step_plan`` if the profile has
+    one, else every regime of ``step_regimes`` at every size of ``step_sizes`` (or
+    ``peer_sizes``)."""
+    if "step_plan" in profile:
+        return {regime: sorted(int(n) for n in sizes) for regime, sizes in profile["step_plan"].items()}
+    sizes = sorted(int(n) for n in profile.get("step_sizes", profile["peer_sizes"]))
+    return {regime: sizes for regime in profile.get("step_regimes", ["grow"])}
 
 
 # -------------------------------------------------------------- Young-Daly

@@ -43,6 +43,7 @@ T_IMPORTED = time.time()
 ARGS = json.loads(sys.argv[1])
 MODE: str = ARGS["mode"]
 N: int = ARGS["n"]
+MARKS = frozenset(ARGS.get("marks", ()))  # crash: prefix sizes timed on the way (_harness.step_run)
 _marks: dict[str, float] = {"t_proc": T_PROC, "t_imported": T_IMPORTED}
 _fd = os.open(ARGS["effects"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
@@ -55,6 +56,8 @@ def _write_out(extra: dict) -> None:
 
 
 def _hook(i: int) -> None:
+    if i + 1 in MARKS:  # a run of i + 1 steps would be killed here
+        _marks[f"t_mark_{i + 1}"] = time.time()
     if i == N - 1:
         now = time.time()
         if MODE == "crash":

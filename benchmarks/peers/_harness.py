@@ -72,6 +72,35 @@ def _run_child(script: pathlib.Path, args: dict[str, Any], *, expect_kill: bool)
     return t_spawn, json.loads(out.read_text())
 
 
+def step_run(script: pathlib.Path, *, n: int, regime: str, marks: list[int], workdir: pathlib.Path,
+             store: str = "sqlite", extra_args: dict[str, Any] | None = None) -> dict[int, float]:
+    """One crash child only (no recovery): the agent runs from step 0 and is killed at the start
+    of step n-1. Returns, for n and for each size m in ``marks`` (2 <= m < n), the mean step
+    of the first m-1 steps, ``(t_m - t_begin) / (m - 1)``, with ``t_m`` noted at the start of
+    step m-1: what a run of m steps would report by the crash formula above, because step i
+    of the agent does the same whatever n is (its message is a function of i alone).  The
+    per-step figure is the raw one, the agent's own work included (no ``bare`` subtracted).
+    ``workdir`` is emptied and removed afterwards."""
+    if n < 2 or any(not 2 <= m < n for m in marks):
+        raise ValueError(f"marks must lie in [2, n) and n must be at least 2 (n={n}, marks={marks})")
+    if regime not in _agent.REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; one of {', '.join(_agent.REGIMES)}")
+    workdir = pathlib.Path(workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    try:
+        args = {"n": n, "regime": regime, "iters": 0, "marks": sorted(marks),
+                ("store" if store == "folder" else "db"): str(workdir / ("store" if store == "folder" else "peer.sqlite")),
+                "effects": str(workdir / "effects.log"), "mode": "crash", "out": str(workdir / "crash.json"),
+                **(extra_args or {})}
+        _, crashed = _run_child(script, args, expect_kill=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    times = {m: crashed[f"t_mark_{m}"] for m in marks}
+    times[n] = crashed["t_kill"]
+    return {m: (t - crashed["t_begin"]) / (m - 1) for m, t in sorted(times.items())}
+
+
 def _file_bytes(db: pathlib.Path) -> int:
     """Bytes allocated on disk to a SQLite database with its WAL and rollback journal if
     present, or to every file under a store folder (tcc): the same measure for every

@@ -99,3 +99,9 @@ def measure(
         notes=notes,
         before_recover=before_recover,
     )
+
+
+def measure_steps(n: int, *, marks: list[int], regime: str = "const", workdir: pathlib.Path) -> dict[int, float]:
+    """The mean step of the DBOS agent's first m-1 steps for each m in ``marks`` and n, from
+    one crash child (``_harness.step_run``)."""
+    return _harness.step_run(_CHILD, n=n, regime=regime, marks=marks, workdir=workdir)

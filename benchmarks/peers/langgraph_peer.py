@@ -122,7 +122,18 @@ def measure(
     )
 
 
+def measure_steps(n: int, *, marks: list[int], regime: str = "const", workdir: pathlib.Path,
+                  delta: bool = False, snapshot_frequency: int = 100) -> dict[int, float]:
+    """The mean step of the LangGraph agent's first m-1 steps for each m in ``marks`` and n,
+    from one crash child (``_harness.step_run``); ``delta`` as in ``measure``."""
+    extra_args: dict[str, Any] = {"durability": "sync"}
+    if delta:
+        extra_args.update(delta=True, snapshot_frequency=snapshot_frequency)
+    return _harness.step_run(_CHILD, n=n, regime=regime, marks=marks, workdir=workdir, extra_args=extra_args)
+
+
 # Production variants of this peer, each with the ``available()`` and ``measure()`` of a peer
 # module: ``benchmarks.recovery.step_costs`` runs them next to the plain peer.
 VARIANTS = {DELTA_PEER: types.SimpleNamespace(available=available, version=version,
-                                              measure=functools.partial(measure, delta=True))}
+                                              measure=functools.partial(measure, delta=True),
+                                              measure_steps=functools.partial(measure_steps, delta=True))}

@@ -56,3 +56,11 @@ def measure(n: int, *, regime: str = "const", work_ms: float = 0.0, repeats: int
         notes=NOTES.format(version=version()), store="folder", before_recover=before_recover,
         extra_args={"strategy": strategy},
     )
+
+
+def measure_steps(n: int, *, marks: list[int], regime: str = "const", workdir: pathlib.Path,
+                  strategy: str = "continuation") -> dict[int, float]:
+    """The mean step of the tcc agent's first m-1 steps for each m in ``marks`` and n, from
+    one crash child (``_harness.step_run``)."""
+    return _harness.step_run(_CHILD, n=n, regime=regime, marks=marks, workdir=workdir, store="folder",
+                             extra_args={"strategy": strategy})

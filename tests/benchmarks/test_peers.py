@@ -197,3 +197,81 @@ def test_in_process_runs_of_the_benchmark_agent_leave_the_harness_alone(
     with open_store(tmp_path / "store") as st:
         outcome = runtime.start(st, recovery.AGENT, ["5", "grow", "0"], strategy="continuation")
     assert outcome.status == "completed" and outcome.result == independent_result(5)
+
+
+def test_a_step_run_times_every_prefix_size_in_one_crash_child(tmp_path: pathlib.Path) -> None:
+    """``measure_steps`` runs one crash child to N and reads the smaller sizes off its way:
+    each mark m is the time at the start of step m-1, so the elapsed times grow with m."""
+    from benchmarks.peers import tcc_peer
+
+    per_step = tcc_peer.measure_steps(12, marks=[7, 3], regime="grow", workdir=tmp_path / "run")
+    assert sorted(per_step) == [3, 7, 12]
+    elapsed = [(m - 1) * per_step[m] for m in (3, 7, 12)]  # t_m - t_begin
+    assert 0 < elapsed[0] < elapsed[1] < elapsed[2] < 60
+    assert not (tmp_path / "run").exists()  # the store is gone with the run
+    for bad in ([12], [1], [13]):
+        with pytest.raises(ValueError, match="marks must lie in"):
+            tcc_peer.measure_steps(12, marks=bad, regime="grow", workdir=tmp_path / "bad")
+
+
+def test_step_costs_give_every_size_of_a_regime_from_one_run_per_round(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One child per system, regime and round, to the regime's largest size (or the largest a
+    system is measured at); every size gets one figure per round.  The second "peer" here is
+    tcc's replay child under another name, so that no peer need be installed."""
+    import types
+
+    from benchmarks import recovery
+    from benchmarks.peers import tcc_peer
+
+    calls: list[tuple[int, tuple[int, ...], str]] = []
+    real = tcc_peer.measure_steps
+
+    def spy(n: int, *, marks: list[int], regime: str, workdir: pathlib.Path, **kw: object) -> dict[int, float]:
+        calls.append((n, tuple(sorted(marks)), regime))
+        return real(n, marks=marks, regime=regime, workdir=workdir, **kw)  # type: ignore[arg-type]
+
+    other = types.SimpleNamespace(measure_steps=lambda n, **kw: spy(n, strategy="replay", **kw))
+    monkeypatch.setattr(recovery, "installed_peers", lambda log, variants=False: [("other", other)])
+    monkeypatch.setattr(tcc_peer, "measure_steps", spy)
+    monkeypatch.setattr(recovery, "STEP_COST_MAX_N", {("other", "grow"): 6})
+    profile = {"step_plan": {"grow": [4, 8], "const": [8]}, "step_repeats": 2, "repeats": 5}
+    rows = recovery.step_costs(profile, tmp_path, lambda _msg: None)
+
+    got = {(r["regime"], r["n"], r["system"]): r for r in rows}
+    systems = ("tcc continuation", "tcc replay", "other")
+    assert set(got) == ({("grow", n, s) for n in (4, 8) for s in systems} - {("grow", 8, "other")}
+                        | {("const", 8, s) for s in systems})
+    assert all(len(r["mean_step_s"]) == 2 and all(x > 0 for x in r["mean_step_s"]) for r in rows)
+    assert got[("grow", 4, "tcc replay")]["run_n"] == 8 and got[("grow", 4, "other")]["run_n"] == 4
+    # 2 rounds x (grow: 3 systems + const: 3 systems); not one child per size
+    assert sorted(calls) == sorted(2 * [(8, (4,), "grow"), (8, (4,), "grow"), (4, (), "grow"),
+                                        (8, (), "const"), (8, (), "const"), (8, (), "const")])
+
+
+def test_the_steady_state_reads_each_size_off_the_regimes_largest_run(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import recovery
+
+    from tcc.runtime import _scripts
+
+    monkeypatch.setitem(sys.modules, _scripts.module_name(recovery.AGENT), None)  # as above
+    monkeypatch.delitem(sys.modules, _scripts.module_name(recovery.AGENT))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    runs: list[tuple[int, str, str]] = []
+    real = recovery.step_gaps
+
+    def spy(agent: object, folder: pathlib.Path, n: int, regime: str, strategy: str) -> list[float]:
+        runs.append((n, regime, strategy))
+        return real(agent, folder, n, regime, strategy)
+
+    monkeypatch.setattr(recovery, "step_gaps", spy)
+    profile = {"steady_plan": {"grow": [6, 12]}, "repeats": 2, "held_bytes": 1 << 10}
+    rows = recovery.steady_state(profile, tmp_path, lambda _msg: None)
+    got = {(r["kind"], r["n"], r["strategy"], r["regime"]): r for r in rows}
+    assert set(got) == {("grow", n, s, "grow") for n in (6, 12) for s in ("continuation", "replay")} | {
+        ("hold", 6, "continuation", "hold:1024"), ("hold", 6, "continuation", "const")}
+    assert all(len(r["step_s"]) == 2 and all(x > 0 for x in r["step_s"]) for r in rows)
+    assert got[("grow", 6, "replay", "grow")]["run_n"] == 12
+    assert sorted(runs) == sorted(2 * [(12, "grow", "continuation"), (12, "grow", "replay"),
+                                       (6, "hold:1024", "continuation"), (6, "const", "continuation")])
