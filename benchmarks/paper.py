@@ -114,11 +114,12 @@ def values(raw: dict[str, Any], raw_name: str) -> dict[str, Value]:
         "load_after": lambda: provenance.figures(prov)["load_after"],  # ... and end
         "work_ms": lambda: f"{raw['work_ms']:g}",  # CPU between effects in regime `work`, ms
         "hybrid_k": lambda: str(raw["hybrid_k"]),  # hybrid's snapshot interval K
-        # repetitions of every recovery case, and of every step-cost case
+        # repetitions of every recovery case, of every step-cost case, of every steady-state case
         "repeats.recovery": lambda: str(_one([len(r["in_process_s"]) for r in raw["recovery"]],
                                              "recovery repetitions")),
         "repeats.step_cost": lambda: str(_one([len(r["mean_step_s"]) for r in raw["step_costs"]],
                                               "step-cost repetitions")),
+        "repeats.steady": lambda: str(_one([len(r["step_s"]) for r in raw["steady"]], "steady-state repetitions")),
         # continuation's whole-process recovery in `const`, lowest–highest median over N (ms)
         "span.whole.const.cont": lambda: _span(
             [(med(r["whole_process_s"]), ms(med(r["whole_process_s"]))) for r in raw["recovery"]
@@ -382,6 +383,15 @@ def const_intervals_disagree(runs: list[tuple[dict[str, Any], str]]) -> Verdict:
             "; ".join(f"{name}: {', '.join(pairs) or 'all overlap'}" for name, pairs in apart.items()))
 
 
+def delta_grow_100_disagree(runs: list[tuple[dict[str, Any], str]]) -> Verdict:
+    """"not called cheaper: the runs disagree" (§5, LangGraph with DeltaChannel in `grow` at
+    N = 100): continuation's step lies below the delta saver's in one of the runs judged and
+    not in another.  Judged once, over all the runs."""
+    below = {name: _below(*_step_cells(raw)[("grow", 100, DELTA)]) for raw, name in runs}
+    return (any(below.values()) and not all(below.values()),
+            "; ".join(f"{name}: {ratio_cell(*_step_cells(raw)[('grow', 100, DELTA)])}" for raw, name in runs))
+
+
 def state_grows(raw: dict[str, Any]) -> Verdict:
     """"What does grow is the state" (§5): continuation's in-process recovery in `grow` at
     the largest N, and with the largest state, lies above `const` / the next state size."""
@@ -526,26 +536,31 @@ def step_cost_against_peers(raw: dict[str, Any]) -> Verdict:
 
 
 # The cases measured (STEP_CASES); those in which §5 says tcc's step is cheaper (the interval
-# lies below 1: STEP_CHEAPER), and those in which it says it is not (STEP_NOT_CHEAPER: the
-# interval does not lie below 1).  The others go unsaid: quiet full runs disagree on them.
+# lies below 1: STEP_CHEAPER), those in which it says it is not (STEP_NOT_CHEAPER: the
+# interval does not lie below 1), and those in which it says it is not dearer (STEP_NOT_DEARER:
+# the interval does not lie above 1).  The others go unsaid: quiet full runs disagree on them.
 STEP_CASES = ({(r, n, p) for r in ("const", "grow", "mutate") for n in (100, 1000)
                for p in ("dbos", "langgraph", DELTA)}
               | {("grow", 10000, "dbos"), ("grow", 10000, DELTA)})
 STEP_CHEAPER = ({k for k in STEP_CASES if k[2] == "dbos"}
                 | {("const", 1000, "langgraph"), ("grow", 1000, "langgraph"), ("mutate", 1000, "langgraph")}
                 | {("const", 100, DELTA), ("const", 1000, DELTA), ("grow", 10000, DELTA)})
-STEP_NOT_CHEAPER = {("grow", 100, DELTA), ("grow", 1000, DELTA), ("mutate", 1000, DELTA)}
+STEP_NOT_CHEAPER = {("grow", 1000, DELTA), ("mutate", 1000, DELTA)}
+STEP_NOT_DEARER = {("grow", 100, DELTA)}
 
 
 def step_cost_as_listed(raw: dict[str, Any]) -> Verdict:
     """"cheaper than LangGraph's default saver in every regime at N = 1,000; than LangGraph
-    with DeltaChannel in `const` at N = 100 and 1,000 and in `grow` at N = 10,000, and not
-    cheaper in `grow` at N = 100 and 1,000 and in `mutate` at N = 1,000" (§5, and the
+    with DeltaChannel in `const` at N = 100 and 1,000 and in `grow` at N = 10,000, not dearer
+    in `grow` at N = 100, and not cheaper in `grow` and `mutate` at N = 1,000" (§5, and the
     step-cost table's cells): the cases measured are STEP_CASES, continuation/peer lies below
-    1 in each of STEP_CHEAPER and in none of STEP_NOT_CHEAPER."""
+    1 in each of STEP_CHEAPER and in none of STEP_NOT_CHEAPER, and above 1 in none of
+    STEP_NOT_DEARER."""
     cells = _step_cells(raw)
     below = {k for k, c in cells.items() if _below(*c)}
-    return (set(cells) == STEP_CASES and STEP_CHEAPER <= below and not below & STEP_NOT_CHEAPER,
+    above = {k for k, c in cells.items() if _above(*c)}
+    return (set(cells) == STEP_CASES and STEP_CHEAPER <= below and not below & STEP_NOT_CHEAPER
+            and not above & STEP_NOT_DEARER,
             ", ".join(f"{r} N={n:,} /{p}: {ratio_cell(*c)}" for (r, n, p), c in sorted(cells.items())))
 
 
@@ -556,10 +571,9 @@ def _undecided(raw: dict[str, Any], regime: str, n: int, peer: str) -> Verdict:
 
 
 def no_difference_delta_grow(raw: dict[str, Any]) -> Verdict:
-    """"in `grow` at N = 100 and 1,000 the difference from LangGraph with DeltaChannel is
-    not shown": both intervals hold 1."""
-    verdicts = [_undecided(raw, "grow", n, DELTA) for n in (100, 1000)]
-    return all(ok for ok, _ in verdicts), "; ".join(shown for _, shown in verdicts)
+    """"in `grow` at N = 1,000 the difference from LangGraph with DeltaChannel is not shown":
+    the interval holds 1."""
+    return _undecided(raw, "grow", 1000, DELTA)
 
 
 def langgraph_not_run_grow_10000(raw: dict[str, Any]) -> Verdict:
@@ -648,7 +662,7 @@ CLAIMS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
 # Claims judged once over all the runs judged (the rendered one and each ``also:``): what
 # the runs say together, such as that they disagree.
 ACROSS_RUNS: dict[str, Callable[[list[tuple[dict[str, Any], str]]], Verdict]] = {
-    f.__name__: f for f in (const_intervals_disagree,)
+    f.__name__: f for f in (const_intervals_disagree, delta_grow_100_disagree)
 }
 
 

@@ -437,8 +437,17 @@ def steady_plan(profile: dict[str, Any]) -> dict[str, list[int]]:
     """The sizes of each steady-state regime: ``steady_plan`` if the profile has one, else
     ``steady_sizes`` for both ``grow`` and ``mutate``."""
     if "steady_plan" in profile:
-        return {regime: sorted(int(n) for n in sizes) for regime, sizes in profile["steady_plan"].items()}
-    return {regime: sorted(int(n) for n in profile["steady_sizes"]) for regime in ("grow", "mutate")}
+        return {regime: _sizes(sizes, "steady_plan") for regime, sizes in profile["steady_plan"].items()}
+    return {regime: _sizes(profile["steady_sizes"], "steady_sizes") for regime in ("grow", "mutate")}
+
+
+def _sizes(sizes: Any, what: str) -> list[int]:
+    """A profile's run lengths, sorted, each once; a run needs two steps at least (the crash
+    formula divides by N - 1)."""
+    out = sorted({int(n) for n in sizes})
+    if not out or out[0] < 2:
+        raise ValueError(f"the profile's {what} must list sizes of at least 2 steps, not {sizes!r}")
+    return out
 
 
 # LangGraph keeps every checkpoint, each the whole state: on the growing transcript that is
@@ -511,8 +520,8 @@ def step_plan(profile: dict[str, Any]) -> dict[str, list[int]]:
     one, else every regime of ``step_regimes`` at every size of ``step_sizes`` (or
     ``peer_sizes``)."""
     if "step_plan" in profile:
-        return {regime: sorted(int(n) for n in sizes) for regime, sizes in profile["step_plan"].items()}
-    sizes = sorted(int(n) for n in profile.get("step_sizes", profile["peer_sizes"]))
+        return {regime: _sizes(sizes, "step_plan") for regime, sizes in profile["step_plan"].items()}
+    sizes = _sizes(profile.get("step_sizes", profile["peer_sizes"]), "step_sizes")
     return {regime: sizes for regime in profile.get("step_regimes", ["grow"])}
 
 
@@ -603,7 +612,7 @@ def young_daly(profile: dict[str, Any], work: pathlib.Path, overhead_rows: list[
 def installed_peers(log: Any, *, variants: bool = False) -> list[tuple[str, Any]]:
     """(name, module) of each peer harness whose peer is installed; ``log`` says why not.
     With ``variants``, each peer's production variants follow it (its module's ``VARIANTS``:
-    "langgraph delta"), as (name, an object with the module's ``measure``)."""
+    "langgraph delta"), as (name, an object with the module's ``measure`` and ``measure_steps``)."""
     found = []
     for modname in ("dbos_peer", "langgraph_peer"):
         try:

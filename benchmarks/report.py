@@ -350,9 +350,10 @@ def step_cost_table(raw: dict[str, Any]) -> list[str]:
                       else "—" for p in peers]
             lines.append(f"| {regime} | {n:,} | " + " | ".join(cells + ratios)
                          + f" | {at['tcc continuation']['bare_step_s'] * 1e6:.1f} |")
-    return lines + ["", "Mean step over the whole run, (t_kill − t_begin) / (N − 1) in each system's crash "
-                    "child (tcc's too; steps 0..N-2), the agent's own work included and start-up "
-                    "excluded. Regimes: `const` "
+    return lines + ["", "Mean step over the first N − 1 steps, (t_N − t_begin) / (N − 1), t_N taken at the start "
+                    "of step N − 1 in each system's crash child (tcc's too), the agent's own work included "
+                    "and start-up excluded; one child per system, regime and round runs to the regime's "
+                    "largest N and the smaller sizes are read off its way. Regimes: `const` "
                     "(a counter and the last output), `grow` (one chat message, ~1.7 KB of real prose or "
                     "source text, appended per step), `mutate` (a 16-message scratchpad, one slot "
                     "rewritten per step). LangGraph is not run on the growing transcript above "

@@ -82,6 +82,11 @@ completion), ``fsync_4k_median_s`` (a contention gauge taken at the start), ``py
 ``langgraph_peer.VARIANTS``, which ``benchmarks.recovery.step_costs`` runs), whose transcript
 ("grow") or scratchpad ("mutate") is a ``DeltaChannel`` (beta): checkpoints store each step's
 write and a whole snapshot every ``snapshot_frequency`` writes, not the whole value each time.
+
+Each peer module (and ``tcc_peer``, and each entry of ``VARIANTS``) also has
+``measure_steps(n, *, marks, regime="const", workdir) -> {m: seconds}``: one crash child only
+(``_harness.step_run``), giving the mean step of the first m-1 steps for each size m in
+``marks`` and for n (what ``benchmarks.recovery.step_costs`` times).
 """
 
 from __future__ import annotations

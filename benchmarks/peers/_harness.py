@@ -94,11 +94,22 @@ def step_run(script: pathlib.Path, *, n: int, regime: str, marks: list[int], wor
                 "effects": str(workdir / "effects.log"), "mode": "crash", "out": str(workdir / "crash.json"),
                 **(extra_args or {})}
         _, crashed = _run_child(script, args, expect_kill=True)
+        logged = (workdir / "effects.log").read_bytes()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    # each step logs "i\n" after its mark: steps 0..m-2 logged at mark m, 0..n-2 at the kill
+    at = {m: crashed[f"effects_at_{m}"] for m in marks}
+    if logged != _effect_log(n - 1) or any(size != len(_effect_log(m - 1)) for m, size in at.items()):
+        raise RuntimeError(f"{script.name}: the marks or the kill were not at the start of step m-1 "
+                           f"(effects logged: {at} at the marks, {len(logged)} bytes at the kill, n={n})")
     times = {m: crashed[f"t_mark_{m}"] for m in marks}
     times[n] = crashed["t_kill"]
     return {m: (t - crashed["t_begin"]) / (m - 1) for m, t in sorted(times.items())}
+
+
+def _effect_log(steps: int) -> bytes:
+    """The effect log of a run whose steps 0..steps-1 ran once each."""
+    return b"".join(b"%d\n" % i for i in range(steps))
 
 
 def _file_bytes(db: pathlib.Path) -> int:

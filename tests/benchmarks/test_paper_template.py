@@ -39,6 +39,12 @@ def _row(raw: dict[str, Any], **match: Any) -> dict[str, Any]:
     return row
 
 
+def _step(raw: dict[str, Any], **match: Any) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = [r for r in raw["step_costs"] if all(r[k] == v for k, v in match.items())]
+    (row,) = rows
+    return row
+
+
 def _peer(raw: dict[str, Any], peer: str, cache: str = "warm") -> dict[str, Any]:
     rows: list[dict[str, Any]] = [r for r in raw["peers"] if r["peer"] == peer
                                   and r["regime_label"] == "const" and r["condition"] == cache]
@@ -166,6 +172,11 @@ def _not_cheaper_than_langgraph_at_1000(raw: dict[str, Any]) -> None:
             row["mean_step_s"] = list(cont["mean_step_s"])  # the same samples: no difference
 
 
+def _dearer_than_delta_in_grow_at_100(raw: dict[str, Any]) -> None:
+    _step(raw, system="langgraph delta", regime="grow", n=100)["mean_step_s"] = [
+        x / 3 for x in _step(raw, system="tcc continuation", regime="grow", n=100)["mean_step_s"]]
+
+
 @pytest.mark.parametrize(("claim", "breaker"), [
     ("langgraph_faster_in_process", _slower_langgraph),
     ("goal2_met_in_process", _faster_replay),
@@ -177,6 +188,7 @@ def _not_cheaper_than_langgraph_at_1000(raw: dict[str, Any]) -> None:
     ("replay_not_slower_at_10", _replay_ahead_with_work_at_10),
     ("step_cost_against_peers", _dearer_than_langgraph),
     ("step_cost_as_listed", _not_cheaper_than_langgraph_at_1000),
+    ("step_cost_as_listed", _dearer_than_delta_in_grow_at_100),
     ("checkpoint_overhead_grows_slowly", _flat_checkpoints),
     ("continuation_ahead_at_100", _faster_replay_at_100),
     ("continuation_ahead_at_100", _faster_replay_at_100_with_1_mib),
@@ -229,15 +241,43 @@ def test_the_runs_disagree_on_the_criterion_first_stated_for_goal_1(raw: dict[st
     """``const_intervals_disagree`` is judged over all the runs at once: it needs one run whose
     `const` intervals all overlap and one where two do not; a template that checks it against
     one run, or runs that all agree, stops the render and names every run."""
-    overlapping = copy.deepcopy(raw)
+    overlapping, apart = copy.deepcopy(raw), copy.deepcopy(raw)
     _overlapping_const(overlapping)
+    _overlapping_const(apart)
+    row = _row(apart, regime="const", n=10000, strategy="continuation")
+    row["in_process_s"] = [x * 3 for x in row["in_process_s"]]  # N = 10,000 apart from the rest
     claim = paper.ACROSS_RUNS["const_intervals_disagree"]
-    assert claim([(raw, "a.json"), (overlapping, "b.json")])[0]
-    assert not claim([(raw, "a.json"), (copy.deepcopy(raw), "b.json")])[0]
+    assert claim([(apart, "a.json"), (overlapping, "b.json")])[0]
+    assert not claim([(apart, "a.json"), (copy.deepcopy(apart), "b.json")])[0]
     assert not claim([(overlapping, "a.json"), (copy.deepcopy(overlapping), "b.json")])[0]
-    with pytest.raises(paper.PaperError, match=r"tcc\.in\.md:1: the claim 'const_intervals_disagree' does not "
-                                               r"hold across cited\.json \(cited\.json: N="):
-        paper.fill("{{ check: const_intervals_disagree }}", raw, "cited.json")
+    for one in (apart, overlapping):
+        with pytest.raises(paper.PaperError, match=r"tcc\.in\.md:1: the claim 'const_intervals_disagree' does not "
+                                                   r"hold across cited\.json \(cited\.json: "):
+            paper.fill("{{ check: const_intervals_disagree }}", one, "cited.json")
+
+
+def _delta_grow_100(raw: dict[str, Any], factor: float) -> dict[str, Any]:
+    """A copy of ``raw`` whose DeltaChannel step in `grow` at N = 100 is continuation's times
+    ``factor``."""
+    out = copy.deepcopy(raw)
+    cont = _step(out, system="tcc continuation", regime="grow", n=100)
+    _step(out, system="langgraph delta", regime="grow", n=100)["mean_step_s"] = [
+        x * factor for x in cont["mean_step_s"]]
+    return out
+
+
+def test_the_runs_disagree_on_the_step_against_deltachannel_in_grow_at_100(raw: dict[str, Any]) -> None:
+    """``delta_grow_100_disagree`` needs a run in which continuation's step is called cheaper
+    than the delta saver's there and one in which it is not; runs that agree stop the render."""
+    claim = paper.ACROSS_RUNS["delta_grow_100_disagree"]
+    cheaper, same, dearer = (_delta_grow_100(raw, f) for f in (2.0, 1.0, 0.5))
+    assert claim([(cheaper, "a.json"), (same, "b.json")])[0]
+    assert claim([(dearer, "a.json"), (cheaper, "b.json")])[0]
+    assert not claim([(cheaper, "a.json"), (copy.deepcopy(cheaper), "b.json")])[0]
+    assert not claim([(same, "a.json"), (dearer, "b.json")])[0]
+    with pytest.raises(paper.PaperError, match=r"the claim 'delta_grow_100_disagree' does not hold across "
+                                               r"cited\.json \(cited\.json: "):
+        paper.fill("{{ check: delta_grow_100_disagree }}", same, "cited.json")
 
 
 def test_a_claim_must_also_hold_in_every_earlier_run_the_template_names(

@@ -7,6 +7,7 @@ import importlib
 import math
 import pathlib
 import sys
+from typing import Any
 
 import pytest
 
@@ -122,7 +123,7 @@ def test_langgraph_delta_peer_smoke(tmp_path: pathlib.Path, regime: str, snapsho
 
     from benchmarks.peers import langgraph_peer
 
-    variant = langgraph_peer.VARIANTS["langgraph delta"]  # what step_costs runs
+    variant = langgraph_peer.VARIANTS["langgraph delta"]  # (step_costs runs its measure_steps)
     assert variant.available()
     n, channel = 10, {"grow": "transcript", "mutate": "memory"}[regime]
     res = variant.measure(n, regime=regime, repeats=1, workdir=tmp_path, snapshot_frequency=snapshot_frequency)
@@ -214,43 +215,97 @@ def test_a_step_run_times_every_prefix_size_in_one_crash_child(tmp_path: pathlib
             tcc_peer.measure_steps(12, marks=bad, regime="grow", workdir=tmp_path / "bad")
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("name", ["dbos", "langgraph", "langgraph delta"])
+def test_each_peers_crash_child_times_the_prefix_sizes(tmp_path: pathlib.Path, name: str) -> None:
+    """The peers' children note the marks too, at the start of step m-1 (``step_run`` checks
+    the effect log there, and at the kill)."""
+    peer = next((mod for found, mod in importlib.import_module("benchmarks.recovery").installed_peers(
+        lambda _msg: None, variants=True) if found == name), None)
+    if peer is None:
+        pytest.skip(f"{name} is not installed (pip install 'tcc[peers]')")
+    per_step = peer.measure_steps(8, marks=[4], regime="grow", workdir=tmp_path / "run")
+    assert sorted(per_step) == [4, 8] and 0 < 3 * per_step[4] < 7 * per_step[8] < 60
+
+
+def test_a_step_run_refuses_marks_taken_at_the_wrong_step(tmp_path: pathlib.Path) -> None:
+    """A child whose marks come one step late (the effect of step m-1 already logged) is
+    caught by the effect log, not turned into a figure."""
+    from benchmarks.peers import _harness
+
+    late = tmp_path / "late_child.py"
+    late.write_text("""if True:
+        import json, os, signal, sys, time
+        args = json.loads(sys.argv[1])
+        fd = os.open(args["effects"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        marks = {"t_begin": time.time()}
+        for i in range(args["n"]):
+            if i in args["marks"]:  # should be i + 1
+                marks[f"t_mark_{i}"] = time.time()
+                marks[f"effects_at_{i}"] = os.fstat(fd).st_size
+            if i == args["n"] - 1:
+                with open(args["out"], "w") as f:
+                    json.dump({**marks, "t_kill": time.time()}, f)
+                os.kill(os.getpid(), signal.SIGKILL)
+            os.write(fd, b"%d\\n" % i)
+    """)
+    with pytest.raises(RuntimeError, match="not at the start of step m-1"):
+        _harness.step_run(late, n=6, regime="const", marks=[3], workdir=tmp_path / "run")
+    right = tmp_path / "right_child.py"
+    right.write_text(late.read_text().replace("if i in args", "if i + 1 in args").replace(
+        'f"t_mark_{i}"', 'f"t_mark_{i + 1}"').replace('f"effects_at_{i}"', 'f"effects_at_{i + 1}"'))
+    assert sorted(_harness.step_run(right, n=6, regime="const", marks=[3], workdir=tmp_path / "run")) == [3, 6]
+
+
 def test_step_costs_give_every_size_of_a_regime_from_one_run_per_round(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One child per system, regime and round, to the regime's largest size (or the largest a
-    system is measured at); every size gets one figure per round.  The second "peer" here is
-    tcc's replay child under another name, so that no peer need be installed."""
+    system is measured at); each size's figure is the one that run gave at that size.  The
+    children are stood in for by a function that encodes who was asked for what (the
+    children themselves: the test above and ``benchmarks.recovery --smoke`` in CI)."""
     import types
 
     from benchmarks import recovery
     from benchmarks.peers import tcc_peer
 
-    calls: list[tuple[int, tuple[int, ...], str]] = []
-    real = tcc_peer.measure_steps
+    calls: list[tuple[str, int, tuple[int, ...], str]] = []
+    code = {"continuation": 1, "replay": 2, "other": 3}
 
-    def spy(n: int, *, marks: list[int], regime: str, workdir: pathlib.Path, **kw: object) -> dict[int, float]:
-        calls.append((n, tuple(sorted(marks)), regime))
-        return real(n, marks=marks, regime=regime, workdir=workdir, **kw)  # type: ignore[arg-type]
+    def fake(who: str) -> Any:
+        def measure_steps(n: int, *, marks: list[int], regime: str, workdir: pathlib.Path,
+                          strategy: str = "") -> dict[int, float]:
+            calls.append((strategy or who, n, tuple(sorted(marks)), regime))
+            return {m: code[strategy or who] + m / 100 + n / 1e5 for m in [*marks, n]}
+        return measure_steps
 
-    other = types.SimpleNamespace(measure_steps=lambda n, **kw: spy(n, strategy="replay", **kw))
-    monkeypatch.setattr(recovery, "installed_peers", lambda log, variants=False: [("other", other)])
-    monkeypatch.setattr(tcc_peer, "measure_steps", spy)
+    monkeypatch.setattr(recovery, "installed_peers",
+                        lambda log, variants=False: [("other", types.SimpleNamespace(measure_steps=fake("other")))])
+    monkeypatch.setattr(tcc_peer, "measure_steps", fake(""))
     monkeypatch.setattr(recovery, "STEP_COST_MAX_N", {("other", "grow"): 6})
-    profile = {"step_plan": {"grow": [4, 8], "const": [8]}, "step_repeats": 2, "repeats": 5}
+    profile = {"step_plan": {"grow": [8, 4, 4], "const": [8]}, "step_repeats": 2, "repeats": 5}
     rows = recovery.step_costs(profile, tmp_path, lambda _msg: None)
 
     got = {(r["regime"], r["n"], r["system"]): r for r in rows}
-    systems = ("tcc continuation", "tcc replay", "other")
+    systems = {"tcc continuation": "continuation", "tcc replay": "replay", "other": "other"}
     assert set(got) == ({("grow", n, s) for n in (4, 8) for s in systems} - {("grow", 8, "other")}
                         | {("const", 8, s) for s in systems})
-    assert all(len(r["mean_step_s"]) == 2 and all(x > 0 for x in r["mean_step_s"]) for r in rows)
-    assert got[("grow", 4, "tcc replay")]["run_n"] == 8 and got[("grow", 4, "other")]["run_n"] == 4
-    # 2 rounds x (grow: 3 systems + const: 3 systems); not one child per size
-    assert sorted(calls) == sorted(2 * [(8, (4,), "grow"), (8, (4,), "grow"), (4, (), "grow"),
-                                        (8, (), "const"), (8, (), "const"), (8, (), "const")])
+    for (regime, n, system), row in got.items():
+        top = 4 if (regime, system) == ("grow", "other") else 8
+        assert row["run_n"] == top
+        assert row["mean_step_s"] == 2 * [code[systems[system]] + n / 100 + top / 1e5], (regime, n, system)
+    # 2 rounds x (grow: 3 systems + const: 3 systems), not one child per size
+    assert sorted(calls) == sorted(2 * [("continuation", 8, (4,), "grow"), ("replay", 8, (4,), "grow"),
+                                        ("other", 4, (), "grow"), ("continuation", 8, (), "const"),
+                                        ("replay", 8, (), "const"), ("other", 8, (), "const")])
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        recovery.step_plan({"step_plan": {"grow": [1, 8]}})
 
 
 def test_the_steady_state_reads_each_size_off_the_regimes_largest_run(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A size N is the median of the last steps before step N of the regime's longest run
+    (the last half of them, at most 100), one figure per round.  The runs' intervals are
+    stood in for by 1, 2, 3, ... seconds, so the medians say which intervals were taken."""
     from benchmarks import recovery
 
     from tcc.runtime import _scripts
@@ -259,19 +314,22 @@ def test_the_steady_state_reads_each_size_off_the_regimes_largest_run(
     monkeypatch.delitem(sys.modules, _scripts.module_name(recovery.AGENT))
     monkeypatch.setattr(sys, "path", list(sys.path))
     runs: list[tuple[int, str, str]] = []
-    real = recovery.step_gaps
 
-    def spy(agent: object, folder: pathlib.Path, n: int, regime: str, strategy: str) -> list[float]:
+    def gaps(agent: object, folder: pathlib.Path, n: int, regime: str, strategy: str) -> list[float]:
         runs.append((n, regime, strategy))
-        return real(agent, folder, n, regime, strategy)
+        return [float(k) for k in range(1, n)]  # a run of n steps has n - 1 intervals
 
-    monkeypatch.setattr(recovery, "step_gaps", spy)
-    profile = {"steady_plan": {"grow": [6, 12]}, "repeats": 2, "held_bytes": 1 << 10}
+    monkeypatch.setattr(recovery, "step_gaps", gaps)
+    profile = {"steady_plan": {"grow": [12, 6, 300]}, "repeats": 2, "held_bytes": 1 << 10}
     rows = recovery.steady_state(profile, tmp_path, lambda _msg: None)
     got = {(r["kind"], r["n"], r["strategy"], r["regime"]): r for r in rows}
-    assert set(got) == {("grow", n, s, "grow") for n in (6, 12) for s in ("continuation", "replay")} | {
+    assert set(got) == {("grow", n, s, "grow") for n in (6, 12, 300) for s in ("continuation", "replay")} | {
         ("hold", 6, "continuation", "hold:1024"), ("hold", 6, "continuation", "const")}
-    assert all(len(r["step_s"]) == 2 and all(x > 0 for x in r["step_s"]) for r in rows)
-    assert got[("grow", 6, "replay", "grow")]["run_n"] == 12
-    assert sorted(runs) == sorted(2 * [(12, "grow", "continuation"), (12, "grow", "replay"),
+    for strategy in ("continuation", "replay"):
+        # 6: intervals 1..5, the last 2 -> 4.5; 12: 1..11, the last 5 -> 9; 300: 1..299, the last 100
+        assert [got[("grow", n, strategy, "grow")]["step_s"] for n in (6, 12, 300)] == [
+            [4.5, 4.5], [9.0, 9.0], [249.5, 249.5]]
+        assert got[("grow", 6, strategy, "grow")]["run_n"] == 300
+    assert got[("hold", 6, "continuation", "const")]["step_s"] == [4.5, 4.5]
+    assert sorted(runs) == sorted(2 * [(300, "grow", "continuation"), (300, "grow", "replay"),
                                        (6, "hold:1024", "continuation"), (6, "const", "continuation")])
