@@ -387,9 +387,9 @@ def delta_grow_100_disagree(runs: list[tuple[dict[str, Any], str]]) -> Verdict:
     """"not called cheaper: the runs disagree" (§5, LangGraph with DeltaChannel in `grow` at
     N = 100): continuation's step lies below the delta saver's in one of the runs judged and
     not in another.  Judged once, over all the runs."""
-    below = {name: _below(*_step_cells(raw)[("grow", 100, DELTA)]) for raw, name in runs}
-    return (any(below.values()) and not all(below.values()),
-            "; ".join(f"{name}: {ratio_cell(*_step_cells(raw)[('grow', 100, DELTA)])}" for raw, name in runs))
+    cells = {name: _step_cells(raw)[("grow", 100, DELTA)] for raw, name in runs}
+    below = [_below(*c) for c in cells.values()]
+    return any(below) and not all(below), "; ".join(f"{name}: {ratio_cell(*c)}" for name, c in cells.items())
 
 
 def state_grows(raw: dict[str, Any]) -> Verdict:

@@ -103,6 +103,15 @@ def warm() -> None:
     _corpus()
 
 
+def note_mark(i: int, marks: frozenset[int], into: dict[str, float], effects_fd: int) -> None:
+    """At the start of step i of a crash child: if a run of i + 1 steps would be killed here
+    (i + 1 in ``marks``), note the time and the effect log's size (steps 0..i-1 logged) in
+    ``into``, which ``_harness.step_run`` reads and checks."""
+    if i + 1 in marks:
+        into[f"t_mark_{i + 1}"] = time.time()
+        into[f"effects_at_{i + 1}"] = os.fstat(effects_fd).st_size
+
+
 def transcript_entry(i: int, out: str) -> dict[str, Any]:
     """The chat message step i adds (regime "grow": appended; "mutate": written to a slot).
 

@@ -53,9 +53,7 @@ def _first_new_step_hook() -> None:
 
 @DBOS.step()
 def llm_step(i: int, regime: str) -> object:
-    if i + 1 in MARKS:  # a run of i + 1 steps would be killed here
-        _marks[f"t_mark_{i + 1}"] = time.time()
-        _marks[f"effects_at_{i + 1}"] = os.fstat(_fd).st_size  # steps 0..i-1 logged: checked by step_run
+    _agent.note_mark(i, MARKS, _marks, _fd)
     if i == N - 1:
         _first_new_step_hook()
     os.write(_fd, b"%d\n" % i)  # the step's side effect (counts executions)

@@ -56,9 +56,7 @@ def _write_out(extra: dict) -> None:
 
 
 def _hook(i: int) -> None:
-    if i + 1 in MARKS:  # a run of i + 1 steps would be killed here
-        _marks[f"t_mark_{i + 1}"] = time.time()
-        _marks[f"effects_at_{i + 1}"] = os.fstat(_fd).st_size  # steps 0..i-1 logged: checked by step_run
+    _agent.note_mark(i, MARKS, _marks, _fd)
     if i == N - 1:
         now = time.time()
         if MODE == "crash":

@@ -72,6 +72,15 @@ def _run_child(script: pathlib.Path, args: dict[str, Any], *, expect_kill: bool)
     return t_spawn, json.loads(out.read_text())
 
 
+def _child_args(run_dir: pathlib.Path, *, n: int, regime: str, iters: int, store: str,
+                extra_args: dict[str, Any] | None) -> tuple[pathlib.Path, dict[str, Any]]:
+    """(the peer's data path, the arguments every child of a run in ``run_dir`` gets): the
+    store a ``folder`` (tcc, ``store``) or a SQLite file (``db``), and the effect log."""
+    data = run_dir / ("store" if store == "folder" else "peer.sqlite")
+    return data, {"n": n, "regime": regime, "iters": iters, ("store" if store == "folder" else "db"): str(data),
+                  "effects": str(run_dir / "effects.log"), **(extra_args or {})}
+
+
 def step_run(script: pathlib.Path, *, n: int, regime: str, marks: list[int], workdir: pathlib.Path,
              store: str = "sqlite", extra_args: dict[str, Any] | None = None) -> dict[int, float]:
     """One crash child only (no recovery): the agent runs from step 0 and is killed at the start
@@ -89,10 +98,8 @@ def step_run(script: pathlib.Path, *, n: int, regime: str, marks: list[int], wor
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     try:
-        args = {"n": n, "regime": regime, "iters": 0, "marks": sorted(marks),
-                ("store" if store == "folder" else "db"): str(workdir / ("store" if store == "folder" else "peer.sqlite")),
-                "effects": str(workdir / "effects.log"), "mode": "crash", "out": str(workdir / "crash.json"),
-                **(extra_args or {})}
+        _, base = _child_args(workdir, n=n, regime=regime, iters=0, store=store, extra_args=extra_args)
+        args = {**base, "marks": sorted(marks), "mode": "crash", "out": str(workdir / "crash.json")}
         _, crashed = _run_child(script, args, expect_kill=True)
         logged = (workdir / "effects.log").read_bytes()
     finally:
@@ -178,15 +185,7 @@ def run_peer(
                 shutil.rmtree(stale)
             else:
                 stale.unlink()
-        data = run_dir / ("store" if store == "folder" else "peer.sqlite")
-        base = {
-            "n": n,
-            "regime": regime,
-            "iters": iters,
-            ("store" if store == "folder" else "db"): str(data),
-            "effects": str(run_dir / "effects.log"),
-            **(extra_args or {}),
-        }
+        data, base = _child_args(run_dir, n=n, regime=regime, iters=iters, store=store, extra_args=extra_args)
         _, crashed = _run_child(script, {**base, "mode": "crash", "out": str(run_dir / "crash.json")}, expect_kill=True)
         per_step.append((crashed["t_kill"] - crashed["t_begin"]) / (n - 1) - bare)
         crash_bytes.append(_file_bytes(data))

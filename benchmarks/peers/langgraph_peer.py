@@ -101,10 +101,9 @@ def measure(
         sqlite_saver=importlib.metadata.version("langgraph-checkpoint-sqlite"),
         durability=durability,
     )
-    extra_args: dict[str, Any] = {"durability": durability}
+    extra_args = _extra_args(durability, delta, snapshot_frequency)
     if delta:
         notes += DELTA_NOTES.format(snapshot_frequency=snapshot_frequency)
-        extra_args.update(delta=True, snapshot_frequency=snapshot_frequency)
     return _harness.run_peer(
         peer=DELTA_PEER if delta else PEER,
         version=version(),
@@ -126,10 +125,13 @@ def measure_steps(n: int, *, marks: list[int], regime: str = "const", workdir: p
                   delta: bool = False, snapshot_frequency: int = 100) -> dict[int, float]:
     """The mean step of the LangGraph agent's first m-1 steps for each m in ``marks`` and n,
     from one crash child (``_harness.step_run``); ``delta`` as in ``measure``."""
-    extra_args: dict[str, Any] = {"durability": "sync"}
-    if delta:
-        extra_args.update(delta=True, snapshot_frequency=snapshot_frequency)
-    return _harness.step_run(_CHILD, n=n, regime=regime, marks=marks, workdir=workdir, extra_args=extra_args)
+    return _harness.step_run(_CHILD, n=n, regime=regime, marks=marks, workdir=workdir,
+                             extra_args=_extra_args("sync", delta, snapshot_frequency))
+
+
+def _extra_args(durability: str, delta: bool, snapshot_frequency: int) -> dict[str, Any]:
+    """What the child is told besides the run: durability, and the DeltaChannel if any."""
+    return {"durability": durability, **({"delta": True, "snapshot_frequency": snapshot_frequency} if delta else {})}
 
 
 # Production variants of this peer, each with the ``available()`` and ``measure()`` of a peer
