@@ -570,3 +570,22 @@ def test_restoring_module_data_looks_again_only_at_what_can_have_changed(
     looked.clear()
     state.restore({"elsewhere_mod_r": {"__file__": str(agent_dir / "elsewhere_mod_r.py")}})
     assert len(looked) > 10 and elsewhere in state._modules
+
+
+# ----------------------------------------------- dict views and iterators held across effects
+
+@pytest.mark.parametrize("entry, expected, kills", [
+    ("main", {"budget": {"k1": 1, "k2": 3, "k3": 5}, "seen": [3, 2, 100]}, (1, 2, 4, 5)),
+    ("pending", {"done": [1, 2, 3], "left": []}, (1, 2)),
+])
+def test_dict_views_and_iterators_follow_their_dict_after_a_crash(tmp_path, entry, expected, kills):
+    """A `for` over `d.items()` / `reversed(d.values())` and a `d.keys()` view kept in a local
+    read the dict as it is after the resume (they used to be restored over a frozen copy:
+    later effects got the old values, and a view of popped tasks re-ran the first task for ever)."""
+    cli = Cli(tmp_path)
+    script = f"{QUIET / 'dict_views_agent.py'}:{entry}"
+    assert _result(cli.run("run", "--json", script)) == expected
+    for after in kills:
+        assert _killed_then_resumed(cli, f"{entry}-{after}", script, after=after) == expected
+        events = [e["kind"] for e in cli.show(f"{entry}-{after}")["events"]]
+        assert "module_state_released" not in events

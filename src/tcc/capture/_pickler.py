@@ -41,7 +41,9 @@ from __future__ import annotations
 import collections
 import contextvars
 import copyreg
+import gc
 import io
+import itertools
 import sys
 import threading
 import types
@@ -555,6 +557,83 @@ def _reduce_code(pickler: Pickler, code: types.CodeType) -> Any:
     return (_records.make_code, (args, code.co_filename))
 
 
+def _module_namespace(mapping: dict[Any, Any]) -> bool:
+    """Whether ``mapping`` is an imported module's ``__dict__`` (which the import restores)."""
+    name = mapping.get("__name__")
+    module = sys.modules.get(name) if type(name) is str else None
+    return module is not None and getattr(module, "__dict__", None) is mapping
+
+
+def _viewed_dict(obj: Any) -> dict[Any, Any] | None:
+    """The dict a dict view or a dict iterator reads (None once an iterator is exhausted)."""
+    return next((r for r in gc.get_referents(obj) if isinstance(r, dict)), None)
+
+
+def _reduce_dict_view(kind: str) -> Callable[[Pickler, Any], Any]:
+    """``d.keys()`` and the like: a view of the dict itself, which the snapshot keeps once
+    (cloudpickle makes a view of a new dict, which no later change of ``d`` reaches)."""
+
+    def reduce(pickler: Pickler, view: Any) -> Any:
+        mapping = _viewed_dict(view)
+        if mapping is None or _module_namespace(mapping):
+            return _cloudpickle_default(pickler, view)
+        return (_records.dict_view, (mapping, kind))
+
+    return reduce
+
+
+_KEYS_CHANGED = ("cannot capture an iterator over a dict whose keys changed while it was iterated "
+                 "(it would raise RuntimeError before its end); finish or restart the loop "
+                 "before the effect")
+
+
+def _reduce_dict_iterator(kind: str) -> Callable[[Pickler, Any], Any]:
+    """An iterator over a dict's keys, values or items: the dict itself and how many the
+    iterator has yielded, so that the restored one reads later values from the dict as
+    the captured one would (plain pickling gives an iterator over a frozen list)."""
+    backwards = kind.startswith("reversed_")
+    methods: dict[str, Callable[[Any], Any]] = {"keys": dict.keys, "values": dict.values, "items": dict.items}
+    method = methods[kind.rsplit("_", 1)[-1]]
+
+    def reduce(pickler: Pickler, it: Any) -> Any:
+        mapping = _viewed_dict(it)
+        try:
+            remaining = list(it.__reduce__()[1][0])  # a copy of the iterator, run out
+        except RuntimeError as exc:
+            if "changed size" in str(exc):  # the iterator's next step raises this at once
+                return (_records.dict_iterator_resized, (kind,))  # (a loop left by `break` is fine)
+            raise errors.CaptureError(_KEYS_CHANGED) from None
+        if mapping is None:  # run out: it holds no dict any more
+            return (iter, ((),))
+        if _module_namespace(mapping):
+            return NotImplemented
+        size = dict.__len__(mapping)
+        consumed = size - len(remaining)
+        order = reversed(method(mapping)) if backwards else iter(method(mapping))
+        ahead = list(itertools.islice(order, consumed, None)) if consumed >= 0 else None
+        same = ahead is not None and len(ahead) == len(remaining) and all(
+            (a[0] is b[0] and a[1] is b[1]) if kind.endswith("items") else a is b
+            for a, b in zip(ahead, remaining))
+        if not same:
+            raise errors.CaptureError(_KEYS_CHANGED)
+        return (_records.dict_iterator, (mapping, kind, consumed, size, remaining))
+
+    return reduce
+
+
+def _dict_reducers() -> dict[type, Callable[[Pickler, Any], Any]]:
+    probe = collections.OrderedDict(a=1)
+    plain = {"a": 1}
+    out: dict[type, Callable[[Pickler, Any], Any]] = {}
+    for kind in ("keys", "values", "items"):
+        view = getattr(plain, kind)()
+        out[type(view)] = _reduce_dict_view(kind)
+        out[type(getattr(probe, kind)())] = _reduce_dict_view("odict_" + kind)
+        out[type(iter(view))] = _reduce_dict_iterator(kind)
+        out[type(reversed(view))] = _reduce_dict_iterator("reversed_" + kind)
+    return out
+
+
 def _make_registered(reducer: Callable[[Any], Reduce]) -> Callable[[Pickler, Any], Any]:
     def handler(pickler: Pickler, obj: Any) -> Any:
         return reducer(obj)
@@ -569,6 +648,7 @@ _EXACT: dict[type, Callable[[Pickler, Any], Any]] = {
     types.CodeType: _reduce_code,
     types.TracebackType: _reduce_traceback,
     types.FunctionType: _reduce_function,
+    **_dict_reducers(),
 }
 
 _PLAIN = (dict, list, tuple, set, frozenset, bytearray, type(None), int, float, complex)

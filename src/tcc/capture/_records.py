@@ -8,7 +8,9 @@ names and signatures must never change or move (add new ones instead, and bump
 
 from __future__ import annotations
 
+import collections
 import importlib
+import itertools
 import sys
 import threading
 import types
@@ -331,6 +333,68 @@ def make_code(args: tuple[Any, ...], filename: str) -> types.CodeType:
         raise errors.CorruptSnapshotError("malformed code object arguments")
     check_bytecode(args[_CO_CODE])
     return types.CodeType(*args).replace(co_filename=filename)
+
+
+# ------------------------------------------------------------ dict views
+
+#: How a dict view or dict iterator is made again from its dict (the ``kind`` a snapshot
+#: names): the unbound method, so that a subclass's own ``keys()`` is not called.
+_VIEWS: dict[str, Callable[[Any], Any]] = {
+    "keys": dict.keys, "values": dict.values, "items": dict.items,
+    "odict_keys": collections.OrderedDict.keys, "odict_values": collections.OrderedDict.values,
+    "odict_items": collections.OrderedDict.items,
+}
+_ITERATORS: dict[str, tuple[Callable[[Any], Any], bool]] = {
+    "keys": (dict.keys, False), "values": (dict.values, False), "items": (dict.items, False),
+              "reversed_keys": (dict.keys, True), "reversed_values": (dict.values, True),
+              "reversed_items": (dict.items, True)}
+
+
+def dict_view(mapping: Any, kind: Any) -> Any:
+    """``mapping.keys()`` (``values()``, ``items()``) of the restored dict: a view stays a
+    live view of its dict, which the rest of the snapshot shares."""
+    method = _VIEWS.get(kind) if type(kind) is str else None
+    if method is None or not isinstance(mapping, dict) \
+            or (kind.startswith("odict_") and not isinstance(mapping, collections.OrderedDict)):
+        raise errors.CorruptSnapshotError("malformed dict view in the snapshot")
+    return method(mapping)
+
+
+def dict_iterator(mapping: Any, kind: Any, consumed: Any, size: Any, remaining: Any) -> Any:
+    """An iterator over the restored dict ``mapping`` (its keys, values or items, forwards
+    or reversed) that has yielded ``consumed`` of them, as the captured one had: what it
+    yields next is read from the dict then, as it would have been.
+
+    ``size`` is the dict's length at capture.  A dict that is still being loaded (the
+    iterator is reachable from the dict's own items) has fewer: then the iterator is one
+    over ``remaining``, what the captured iterator would have yielded at capture."""
+    spec = _ITERATORS.get(kind) if type(kind) is str else None
+    if spec is None or not isinstance(mapping, dict) or type(consumed) is not int \
+            or type(size) is not int or type(remaining) is not list \
+            or not 0 <= consumed <= size or size - consumed != len(remaining):
+        raise errors.CorruptSnapshotError("malformed dict iterator in the snapshot")
+    if dict.__len__(mapping) != size:  # still filling: a cycle through the dict's own items
+        return iter(remaining)
+    method, backwards = spec
+    view = method(mapping)
+    it = reversed(view) if backwards else iter(view)
+    if consumed:
+        next(itertools.islice(it, consumed - 1, consumed), None)
+    return it
+
+
+def dict_iterator_resized(kind: Any) -> Any:
+    """An iterator over a dict that changed size while it was iterated, as captured: its
+    next step raises ``RuntimeError: dictionary changed size during iteration``."""
+    spec = _ITERATORS.get(kind) if type(kind) is str else None
+    if spec is None:
+        raise errors.CorruptSnapshotError("malformed dict iterator in the snapshot")
+    method, backwards = spec
+    gone: dict[Any, Any] = {None: None}
+    view = method(gone)
+    it = reversed(view) if backwards else iter(view)
+    gone.clear()
+    return it
 
 
 # ------------------------------------------------------------------- cells

@@ -107,6 +107,22 @@ def _standard_stream(name: Any) -> StreamView:
     return StreamView(name)
 
 
+def _dict_records(name: str) -> Any:
+    """The real rebuilder of a dict view or iterator (inert: given a real dict, which is all
+    the restricted loader builds, it only iterates it), or a stub call for anything else."""
+
+    def build(*args: Any) -> Any:
+        from .. import errors
+        from . import _records
+
+        try:
+            return getattr(_records, name)(*args)
+        except errors.CorruptSnapshotError:
+            return stub_class("tcc.capture._records", name)(*args)
+
+    return build
+
+
 # What the loader hands out for ``tcc.capture._records.<name>``.
 RECORDS: dict[str, Any] = {
     "function_behind_wrappers": _function_behind_wrappers,
@@ -122,6 +138,9 @@ RECORDS: dict[str, Any] = {
     "fill_cell": _fill_cell,
     "fill_exception": _fill_exception,
     "make_exception": _make_exception,
+    "dict_view": _dict_records("dict_view"),
+    "dict_iterator": _dict_records("dict_iterator"),
+    "dict_iterator_resized": _dict_records("dict_iterator_resized"),
     "NULL": UNBOUND,
 }
 
