@@ -134,8 +134,29 @@ def test_a_reissued_call_of_a_mutating_effect_gives_the_same_result(tmp_path):
     cli = Cli(tmp_path, KILL_IN_CALL="2", MARK=str(tmp_path / "mark"))
     proc = cli.run("run", "--json", "--run-id", "r", str(QUIET / "mutating_agent.py"))
     assert proc.returncode == -9
-    assert _result(cli.run("resume", "--json", "r")) == EXPECTED_CHAT
-    assert any(e["kind"] == "in_doubt_reissued" for e in cli.show("r")["events"])
+    proc = cli.run("resume", "--json", "r")
+    assert _result(proc) == EXPECTED_CHAT
+    assert "warning" not in proc.stderr  # the code computes the recorded arguments again
+    kinds = [e["kind"] for e in cli.show("r")["events"]]
+    assert "in_doubt_reissued" in kinds and "in_doubt_arguments_differ" not in kinds
+
+
+def test_a_reissued_call_whose_arguments_the_code_computes_anew_is_said(tmp_path):
+    """The resumed code computes another argument (a random id) for the call that was in
+    flight: it is re-issued as recorded, and the run says that the agent's value differs
+    (a warning naming both calls and the line, and an event), instead of going on quietly."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "recomputed_agent.py")
+    assert _result(cli.run("run", "--json", script)) is True
+    cli = Cli(tmp_path, KILL_IN_CALL="1", MARK=str(tmp_path / "mark"))
+    assert cli.run("run", "--json", "--run-id", "r", script).returncode == -9
+    proc = cli.run("resume", "--json", "r")
+    assert _result(proc) is False  # the id the agent holds is not the one the call used
+    assert f"tcc: warning: run r: call 2 at {script}:25 was in flight at the crash as create_order('" \
+        in proc.stderr
+    assert "and the resumed code computes create_order('" in proc.stderr
+    (event,) = [e for e in cli.show("r")["events"] if e["kind"] == "in_doubt_arguments_differ"]
+    assert event["data"]["call"] == "call 2" and event["data"]["now"] != event["data"]["then"]
 
 
 def test_gathered_calls_get_copies_too(tmp_path):

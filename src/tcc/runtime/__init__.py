@@ -30,6 +30,7 @@ from ._worker import start_resume as start_resume
 from ._driver import Driver as Driver
 from ._driver import Outcome as Outcome
 from ._attempts import Intent as Intent
+from ._journal import ResumeWarning as ResumeWarning
 from ._parking import STOP as STOP
 from ._state import Resumption as Resumption
 from ._state import RunState as RunState
@@ -83,6 +84,7 @@ __all__ = [
     "GreenletTask",
     "HYBRID_EVERY",
     "Intent",
+    "ResumeWarning",
     "MARKERS",
     "Outcome",
     "Resumption",

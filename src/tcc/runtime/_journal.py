@@ -153,23 +153,33 @@ class Replay:
         return logged
 
     def check_arguments(self, coro: Any, logged: LoggedCall, name: str, args: tuple[Any, ...],
-                        kwargs: dict[str, Any], dump_args: Callable[[], bytes]) -> None:
+                        kwargs: dict[str, Any], dump_args: Callable[[], bytes]) -> dict[str, str] | None:
         """A call served from the journal must be the call the journal recorded, with the
         same arguments: its recorded answer belongs to them (an edited `step(i)` to
         `step(i * 10)` must not receive the answers to `step(i)`).  A call that was in
         flight at a crash is exempt: it is re-issued with the arguments it was recorded
-        with, whatever the agent computes now (README, "Effect semantics").
-        ``dump_args()``: the arguments the code passes now, journaled."""
-        if logged.outcome is None and not logged.retry:
-            return  # in flight at a crash: re-issued with its recorded arguments, by design
-        if _same_arguments(logged.args, dump_args()):
-            return
+        with, whatever the agent computes now (README, "Effect semantics"); if those
+        differ, the agent's values computed since its snapshot are not the ones the call
+        used, and the returned ``{"call", "site", "now", "then"}`` says so (the caller
+        records it and warns).  ``dump_args()``: the arguments the code passes now, journaled."""
+        in_flight = logged.outcome is None and not logged.retry
+        try:
+            if _same_arguments(logged.args, dump_args()):
+                return None
+        except errors.CaptureError:
+            if in_flight:  # re-issued as recorded all the same
+                return None
+            raise
         try:
             then_args, then_kwargs = load_payload(logged.args)
             then = call_repr(logged.name, then_args, then_kwargs)
         except Exception as exc:  # noqa: BLE001 - the message must still be given
             then = f"{logged.name.rpartition(':')[2]}(<unreadable: {type(exc).__name__}>)"
-        self.diverged(coro, f"call {logged.key.rpartition(':')[2]}", call_repr(name, args, kwargs), then)
+        which, now = f"call {logged.key.rpartition(':')[2]}", call_repr(name, args, kwargs)
+        if in_flight:  # re-issued with its recorded arguments, by design: said, not hidden
+            return {"call": which, "site": await_site(coro), "now": now, "then": then}
+        self.diverged(coro, which, now, then)
+        return None  # (not reached)
 
     def diverged(self, coro: Any, which: str, now: str, then: str) -> None:
         """Stop the run: ``which`` call is ``now`` in the code, but was ``then``."""
@@ -179,6 +189,21 @@ class Replay:
             "recorded, so the run stops here (the code changed, or computes the call from "
             "something that differs between processes, such as the time or a random number)"
         )
+
+
+class ResumeWarning(UserWarning):
+    """How a run was resumed differs from what its code computes now (``tcc run`` and
+    ``tcc resume`` show it as ``tcc: warning: ...``; the run's events record it too)."""
+
+
+def recomputed_warning(run_id: str, differs: dict[str, str]) -> str:
+    """The warning for a call re-issued with recorded arguments its code no longer computes."""
+    return (f"run {run_id}: {differs['call']} at {differs['site']} was in flight at the crash as "
+            f"{differs['then']}, and the resumed code computes {differs['now']} before it; it "
+            "is re-issued as recorded (its idempotency key stands for those arguments), so "
+            "values the agent computed since its last snapshot differ from the ones the call "
+            "used. Compute such values (a random id, the time) inside an effect, so that they "
+            "are recorded (README, \"Effect semantics\")")
 
 
 def _same_arguments(recorded: bytes, now: bytes) -> bool:

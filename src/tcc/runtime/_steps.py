@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
@@ -25,7 +26,7 @@ from ..effects import reusing_live_resources
 from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnRequest, WaitRequest, lookup
 from ..store import Completion
 from ._attempts import _backoff, should_retry
-from ._journal import call_repr, completion_record
+from ._journal import ResumeWarning, call_repr, completion_record, recomputed_warning
 from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
 from ._outcome import encode_error
 from ._parking import STOP, Parked
@@ -50,13 +51,22 @@ def journaled(d: Driver, coro: Any, request: Any) -> Resumption:
 
 # ---------------------------------------------------------- effect calls
 
+def _said(d: Driver, key: str, differs: dict[str, str] | None) -> None:
+    """A call in flight at the crash is re-issued with arguments the code no longer
+    computes: record it as an event and warn (see ``Replay.check_arguments``)."""
+    if differs is None:
+        return
+    d.store.add_event(d.run_id, "in_doubt_arguments_differ", {"key": key, **differs}, epoch=d.epoch)
+    warnings.warn(recomputed_warning(d.run_id, differs), ResumeWarning, stacklevel=2)
+
+
 def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
     key = d.next_key()
     effect = _effect(request.name)
     if d.replay:
         logged = d.replay.take(key, request.name)
-        d.replay.check_arguments(coro, logged, request.name, request.args, request.kwargs,
-                                 lambda: _dump_args(d, effect, request))
+        _said(d, key, d.replay.check_arguments(coro, logged, request.name, request.args,
+                                               request.kwargs, lambda: _dump_args(d, effect, request)))
         # The journal's last call failed, and its next attempt was issued (by the effect's
         # retries, or by a `tcc retry` that a crash interrupted): that attempt may have
         # started before a crash took its intent.  (With its retries spent, the failure
@@ -116,8 +126,8 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
         key = f"{base}.{i}"
         if d.replay:
             logged = d.replay.take(key, req.name)
-            d.replay.check_arguments(coro, logged, req.name, req.args, req.kwargs,
-                                     lambda: _dump_args(d, eff, req))
+            _said(d, key, d.replay.check_arguments(coro, logged, req.name, req.args, req.kwargs,
+                                                   lambda: _dump_args(d, eff, req)))
             if logged.outcome is not None and not should_retry(eff, logged):
                 outcomes[i] = logged.outcome
                 d.replayed += 1
