@@ -117,6 +117,7 @@ def _dump(obj: Any, prefix: bytes, segments: Any = None) -> bytes | tuple[bytes 
 
 def _dump_with(obj: Any, prefix: bytes, segments: Any) -> bytes | tuple[bytes | memoryview, ...]:
     attempt = 0
+    attach = True
     while attempt <= _SEGMENT_ATTEMPTS:
         buf = io.BytesIO()
         buf.write(prefix)
@@ -124,12 +125,19 @@ def _dump_with(obj: Any, prefix: bytes, segments: Any) -> bytes | tuple[bytes | 
         try:
             with _deep_recursion():
                 pickler = _new_pickler(buf, cut)
+                pickler.attach_dicts = attach
                 pickler.dump(obj)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a CaptureError
             if cut is not None and (isinstance(exc, RecursionError)  # (cloudpickle wraps it)
                                     or isinstance(exc.__cause__, RecursionError)):
                 # a structure segments cannot write (no known case): once more without them
                 attempt = _SEGMENT_ATTEMPTS
+                continue
+            if attach and pickler.attached_dicts:
+                # a dict view or iterator brought its dict, which cannot be captured (a
+                # module-level dict of clients looped over): once more with views and
+                # iterators as copies of what they hold (keys, or what is left to yield)
+                attach = False
                 continue
             from . import _diagnose
 

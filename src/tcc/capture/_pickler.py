@@ -275,6 +275,10 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     out_of_band: list[Any] | None = None
     segment_dump: Any = None  # the segments' Dump (tcc.capture._segments), if any
+    # dict views and iterators: pickled attached to their dict (else as copies of what they
+    # hold, as plain pickling does: see ``_reduce_dict_view``); how many were attached
+    attach_dicts = True
+    attached_dicts = 0
 
     def __init__(self, file: Any, protocol: int | None = None, *, segments: Any = None) -> None:
         if _FLAT_TABLE and cloudpickle.Pickler.dispatch_table is _CHAINED:
@@ -574,9 +578,10 @@ def _reduce_dict_view(kind: str) -> Callable[[Pickler, Any], Any]:
     (cloudpickle makes a view of a new dict, which no later change of ``d`` reaches)."""
 
     def reduce(pickler: Pickler, view: Any) -> Any:
-        mapping = _viewed_dict(view)
+        mapping = _viewed_dict(view) if pickler.attach_dicts else None
         if mapping is None or _module_namespace(mapping):
             return _cloudpickle_default(pickler, view)
+        pickler.attached_dicts += 1
         return (_records.dict_view, (mapping, kind))
 
     return reduce
@@ -596,6 +601,8 @@ def _reduce_dict_iterator(kind: str) -> Callable[[Pickler, Any], Any]:
     method = methods[kind.rsplit("_", 1)[-1]]
 
     def reduce(pickler: Pickler, it: Any) -> Any:
+        if not pickler.attach_dicts:
+            return NotImplemented  # a copy of what it has left to yield
         mapping = _viewed_dict(it)
         try:
             remaining = list(it.__reduce__()[1][0])  # a copy of the iterator, run out
@@ -616,6 +623,7 @@ def _reduce_dict_iterator(kind: str) -> Callable[[Pickler, Any], Any]:
             for a, b in zip(ahead, remaining))
         if not same:
             raise errors.CaptureError(_KEYS_CHANGED)
+        pickler.attached_dicts += 1
         return (_records.dict_iterator, (mapping, kind, consumed, size, remaining))
 
     return reduce
