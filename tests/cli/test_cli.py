@@ -111,6 +111,21 @@ def test_unpicklable_local_fails_the_run_and_names_it(tmp_path):
     assert shown["status"] == "failed"
     assert "local 'guard'" in shown["error"]
     assert shown["checkpoints"] >= 1  # the snapshot before the lock is kept
+    assert proc.stderr.splitlines()[-1].startswith("failed: CaptureError: checkpoint failed")
+
+
+def test_a_run_failed_at_a_checkpoint_prints_its_outcome_with_json(tmp_path):
+    """`--json` gives one object for a run that a checkpoint failed too (it used to print
+    nothing on stdout, only an error line), with the same fields as any other outcome."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--json", "--run-id", "lk", f"{MISC}:holds_lock")
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["id"] == "lk" and doc["status"] == "failed" and doc["result"] is None
+    assert doc["error"].startswith("CaptureError: checkpoint failed, the previous snapshot is kept")
+    assert "local 'guard'" in doc["error"] and doc["effects"] == 2
+    assert "tcc: error" not in proc.stderr
+    assert cli.show("lk")["status"] == "failed"
 
 
 def test_resource_keeps_a_live_object_across_checkpoints(tmp_path):

@@ -202,19 +202,23 @@ def test_a_library_outside_the_project_is_never_pinned_and_its_change_is_refused
 
 
 def test_a_module_edited_while_the_run_executes_is_recorded_as_stale(tmp_path):
-    """What is on disk is not what runs: it is not recorded as the run's code."""
+    """What is on disk is not what runs: it is not recorded as the run's code.  (The
+    modules loaded at the start are recorded then; `helpers` is imported by the effect
+    that then edits it, and the snapshot after finds it changed on disk.)"""
     cli = Cli(tmp_path)
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "helpers.py").write_text(HELPERS)
     script = folder / "agent.py"
     script.write_text(
-        "import pathlib\nimport tcc\nimport helpers\n\n\n@tcc.effect\ndef edit():\n"
+        "import importlib\nimport pathlib\nimport tcc\n\n\n@tcc.effect\ndef edit():\n"
+        "    helpers = importlib.import_module('helpers')\n"
         "    p = pathlib.Path(helpers.__file__)\n    p.write_text(p.read_text().replace('10', '20'))\n\n\n"
-        "async def main():\n    await edit()\n    return helpers.shape(1)\n")
+        "async def main():\n    await edit()\n    import helpers\n    return helpers.shape(1)\n")
     assert _result(cli.run("run", "--json", "--run-id", "st", str(script))) == 10
-    (event,) = _code_events(cli, "st")
-    assert set(event["modules"]) == {"__tcc_script_agent"} and set(event["stale"]) == {"helpers"}
+    started, later = _code_events(cli, "st")
+    assert set(started["modules"]) == {"__tcc_script_agent"} and "stale" not in started
+    assert later["modules"] == {} and set(later["stale"]) == {"helpers"}
 
 
 def test_pinned_resume_on_postgresql(pg_dsn, tmp_path):
@@ -413,3 +417,74 @@ def test_a_pinned_child_that_parks_is_resumed_on_the_recorded_code_in_another_pr
     out = cli.run("resume", "--json", child)
     assert _result(out) == ["old-child", "wait", True]
     assert _result(cli.run("resume", "--json", "q")) == ["old-main", True, ["old-child", "wait", True]]
+
+
+# ----------------------------- kills in flight, before the first snapshot, and late imports
+
+IN_FLIGHT_AGENT = '''\
+import os
+import signal
+
+import tcc
+import helpers
+
+
+@tcc.effect
+def step(i):
+    if os.environ.get("KILL_IN") == str(i) and not os.path.exists(os.environ["MARK"]):
+        open(os.environ["MARK"], "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)  # in flight: its intent is open, no completion
+    return i
+
+
+async def main(n):
+    out = []
+    for i in range(int(n)):
+        out.append(helpers.shape(await step(i)))
+        if i == 1:
+            import late  # first imported after the first snapshot, from beside the script
+            out.append(late.VALUE)
+    return out
+'''
+
+
+def _in_flight_project(tmp: pathlib.Path) -> pathlib.Path:
+    folder = tmp / "project"
+    folder.mkdir(parents=True)
+    (folder / "agent.py").write_text(IN_FLIGHT_AGENT)
+    (folder / "helpers.py").write_text(HELPERS)
+    (folder / "late.py").write_text("VALUE = 'late'\n")
+    return folder / "agent.py"
+
+
+@pytest.mark.parametrize("options", [(), ("--strategy", "hybrid", "--checkpoint-every", "2")],
+                         ids=["continuation", "hybrid"])
+@pytest.mark.parametrize("kill_in", [0, 2])
+def test_a_run_killed_in_a_call_then_edited_resumes_on_its_recorded_code(tmp_path, options, kill_in):
+    """Killed while a call runs (the first call: before any snapshot; or a later one, whose
+    open intent follows the snapshot), the helper edited, a plain `tcc resume`: the run ends
+    as the original code ends, and says it continues on that code.  (The first used to run
+    the edited code quietly; the second stopped for ever on the pinned effect's name.)"""
+    reference = _in_flight_project(tmp_path / "reference")
+    expected = _result(Cli(tmp_path / "reference").run("run", "--json", *options, str(reference), "4"))
+    assert expected == [0, 10, "late", 20, 30]
+    script = _in_flight_project(tmp_path)
+    cli = Cli(tmp_path, KILL_IN=str(kill_in), MARK=str(tmp_path / "mark"))
+    proc = cli.run("run", "--run-id", "k", *options, str(script), "4")
+    assert proc.returncode == -9, proc.stderr
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    proc = cli.run("resume", "--json", "k")
+    assert _result(proc) == expected
+    assert "continues on the code it recorded" in proc.stderr
+
+
+def test_a_module_first_imported_after_the_crash_is_found_beside_the_pinned_script(tmp_path):
+    """The run had not imported `late` when it was killed; on its recorded code after an edit
+    the import finds the current file beside the script (it used to fail the run)."""
+    script = _in_flight_project(tmp_path)
+    cli = Cli(tmp_path)
+    _killed(cli, "z", str(script), "4", after=1)
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    assert _result(cli.run("resume", "--json", "z")) == [0, 10, "late", 20, 30]

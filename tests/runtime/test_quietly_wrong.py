@@ -152,9 +152,11 @@ def test_a_reissued_call_whose_arguments_the_code_computes_anew_is_said(tmp_path
     assert cli.run("run", "--json", "--run-id", "r", script).returncode == -9
     proc = cli.run("resume", "--json", "r")
     assert _result(proc) is False  # the id the agent holds is not the one the call used
-    assert f"tcc: warning: run r: call 2 at {script}:25 was in flight at the crash as create_order('" \
+    line = next(n for n, text in enumerate(pathlib.Path(script).read_text().splitlines(), 1)
+                if "await create_order(" in text)
+    assert f"tcc: warning: run r: call 2 at {script}:{line} was in flight at the crash as create_order('" \
         in proc.stderr
-    assert "and the resumed code computes create_order('" in proc.stderr
+    assert "; the resumed code now makes it as create_order('" in proc.stderr
     (event,) = [e for e in cli.show("r")["events"] if e["kind"] == "in_doubt_arguments_differ"]
     assert event["data"]["call"] == "call 2" and event["data"]["now"] != event["data"]["then"]
 
@@ -610,3 +612,62 @@ def test_dict_views_and_iterators_follow_their_dict_after_a_crash(tmp_path, entr
         assert _killed_then_resumed(cli, f"{entry}-{after}", script, after=after) == expected
         events = [e["kind"] for e in cli.show(f"{entry}-{after}")["events"]]
         assert "module_state_released" not in events
+
+
+# ------------------------------------- results are copies, on the live path as from the journal
+
+ALIASED = {"CONFIG": {"retries": 1}, "cfg_is_CONFIG": False, "first": ["a", "seen"], "again": ["a"],
+           "same": False}
+
+
+@pytest.mark.parametrize("options", [(), ("--strategy", "hybrid", "--checkpoint-every", "2"),
+                                     ("--strategy", "replay")], ids=["continuation", "hybrid", "replay"])
+def test_an_effect_result_is_a_copy_whether_it_ran_or_was_served(tmp_path, options):
+    """An effect returning a module-level dict, or the same cached list twice: the agent gets
+    copies in an uninterrupted run too, as it does when a resumed run is served the journal
+    (it used to get the shared objects live and copies after a crash)."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "aliased_result_agent.py")
+    assert _result(cli.run("run", "--json", *options, script)) == ALIASED
+    for after in (1, 2, 3):
+        assert _killed_then_resumed(cli, f"a{after}", script, after=after, options=options) == ALIASED
+
+
+# ------------------------------------------- process state outside the frames is named
+
+def test_tcc_run_names_the_lines_that_set_process_state_a_snapshot_does_not_hold(tmp_path):
+    """Seeding the global generator, the decimal context, class and function attributes and
+    a filled mutable default are named with their lines when the run starts (a resumed run
+    gets them as the import makes them); a random.Random held in a variable is not."""
+    cli = Cli(tmp_path)
+    script = QUIET / "process_state_agent.py"
+    proc = cli.run("run", "--json", "--run-id", "p", str(script))
+    assert _result(proc) is True
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("tcc: note: process_state_agent.py:")]
+    said = [line[len("tcc: note: "):].split(": ", 1)[0] for line in notes]
+    assert said == [
+        "process_state_agent.py:20 sets a class attribute (cls.count)",
+        "process_state_agent.py:24 changes the default value of parameter 'memo' of seen()",
+        "process_state_agent.py:33 calls random.seed()",
+        "process_state_agent.py:34 calls reseed()",
+        "process_state_agent.py:35 sets decimal.getcontext().prec",
+        "process_state_agent.py:36 sets Registry.count",
+        "process_state_agent.py:38 sets tag.calls",
+    ], notes
+    assert all(line.endswith('(README, "Process state")') for line in notes)
+    started = next(e for e in cli.show("p")["events"] if e["kind"] == "started")
+    assert len(started["data"]["process_state"]) == 7
+
+
+def test_an_agent_that_keeps_its_state_where_snapshots_hold_it_gets_no_such_note(tmp_path):
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--json", str(QUIET / "mutating_agent.py"))
+    assert _result(proc) == EXPECTED_CHAT
+    assert "tcc: note" not in proc.stderr
+
+
+def test_a_resource_in_an_effect_result_stays_the_live_one(tmp_path):
+    """The copy of a result keeps a tcc.resource it holds as the live object, as arguments do
+    (a new, unbuilt copy would build its client again)."""
+    cli = Cli(tmp_path)
+    assert _result(cli.run("run", "--json", f"{QUIET / 'aliased_result_agent.py'}:resource")) == {"same": True}

@@ -107,12 +107,18 @@ def second_dsn(pg_server) -> Iterator[str]:
 
 
 def bomb_run(pg: PgStore, marker: pathlib.Path, run_id: str = "evil") -> None:
-    """A run of the bomb agent, parked at its wait: its journal and snapshot hold Bombs."""
+    """A run of the bomb agent, parked at its wait: its journal and snapshot hold Bombs.
+
+    The run itself unpickles one Bomb, once: the agent gets an effect's result as the
+    journal recorded it (README, "The agent receives a copy of an effect's result"), in
+    the run's own process and store.  The marker is cleared after, so that the tests
+    count only what later commands unpickle."""
     proc = tcc("run", "--json", "--run-id", run_id, BOMB_AGENT,
                env=clean_env(**pg.env(), BOMB_MARKER=str(marker)))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "waiting"
-    assert not marker.exists()
+    assert len(marker.read_text().splitlines()) == 1  # the agent's copy of arm()'s result
+    marker.unlink()
 
 
 def unsafe_inspect_runs_the_bomb(pg: PgStore, marker: pathlib.Path, run_id: str = "evil") -> None:

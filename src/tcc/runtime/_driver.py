@@ -179,6 +179,8 @@ class Driver:
                         resumption = self._handle(coro, resumption[1])
                     except Parked as parked:
                         return self._parked(parked)
+                    except errors.RunFailedError as exc:
+                        return self._stopped(exc)
                     except SystemExit as exc:
                         return self._exited(exc, "an effect of the agent")
                     continue
@@ -203,11 +205,16 @@ class Driver:
                     resumption = self._handle(coro, request)
                 except Parked as parked:
                     return self._parked(parked)
+                except errors.RunFailedError as exc:
+                    return self._stopped(exc)
                 except SystemExit as exc:
                     return self._exited(exc, "an effect of the agent")
                 if replaying and not self.replay:
                     replaying = False
-                    self._caught_up(coro, resumption)
+                    try:
+                        self._caught_up(coro, resumption)
+                    except errors.RunFailedError as exc:
+                        return self._stopped(exc)
         finally:
             segment.__exit__(None, None, None)
             if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
@@ -215,6 +222,16 @@ class Driver:
             self.claim.stop_heartbeat()
             self.attempts.close_loop()
             self.claim.join_heartbeat(timeout=5)
+
+    def _stopped(self, exc: errors.RunFailedError) -> Outcome:
+        """The driver failed the run (a checkpoint, or an effect's arguments or result, could
+        not be captured): an outcome like any other failure's, so that ``tcc run --json``
+        prints it.  Its status was set where it failed, if the store could be written."""
+        if self.store.get_run(self.run_id).status != "failed":
+            self.store.set_status(self.run_id, self.epoch, "failed", error=encode_error(exc))
+        cause = exc.__cause__ if isinstance(exc.__cause__, errors.TccError) else exc
+        return Outcome(self.run_id, "failed", None, f"{type(cause).__name__}: {exc}", self.effects,
+                       self.checkpoints, self.replayed)
 
     def _exited(self, exc: SystemExit, who: str) -> Outcome:
         """``who`` called sys.exit(): the run ends as a script would, completed for a code

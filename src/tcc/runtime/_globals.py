@@ -133,6 +133,10 @@ class ModuleState:
         self._modules: list[types.ModuleType] = []
         self.refresh()
 
+    def agent_modules(self) -> list[types.ModuleType]:
+        """The agent's own modules (the script's, and those beside it) found so far."""
+        return list(self._modules)
+
     # ----------------------------------------------------------- which modules
 
     def _belongs(self, module: types.ModuleType) -> bool:

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 from .. import errors
-from ..capture import dump_payload, load_payload
+from ..capture import PINNED_PREFIX, dump_payload, load_payload
 from ..effects import Resource
 from ..store import Completion, JournalRecord
 from ._state import Resumption
@@ -142,13 +142,15 @@ class Replay:
         return len(self._calls)
 
     def take(self, key: str, name: str) -> LoggedCall:
-        """The next journaled call, which must be call ``key`` of effect ``name``."""
+        """The next journaled call, which must be call ``key`` of effect ``name``.  An
+        effect of a module loaded as the run's recorded code (``--code pinned``) has that
+        module's pinned name: it is the same effect as the one of the original name."""
         logged = self._calls.popleft()
-        if logged.name != name or logged.key != key:
+        if logged.key != key or (logged.name != name and project_name(logged.name) != project_name(name)):
             raise errors.ReplayDivergenceError(
-                f"run {self.run_id}: the journal's next call is {logged.name} ({logged.key}) "
-                f"but the code now asks for {name} ({key}); the code changed or is not "
-                "deterministic between effects"
+                f"run {self.run_id}: the journal's next call is {project_name(logged.name)} "
+                f"({logged.key}) but the code now asks for {project_name(name)} ({key}); the code "
+                "changed or is not deterministic between effects"
             )
         return logged
 
@@ -167,7 +169,7 @@ class Replay:
             if _same_arguments(logged.args, dump_args()):
                 return None
         except errors.CaptureError:
-            if in_flight:  # re-issued as recorded all the same
+            if in_flight:  # settled as recorded all the same
                 return None
             raise
         try:
@@ -191,6 +193,17 @@ class Replay:
         )
 
 
+def project_name(effect_name: str) -> str:
+    """``module:qualname`` of an effect with its module as the project names it: a module
+    loaded as a run's recorded code is ``__tcc_pinned_<16 hex digits>_<name>``."""
+    module, sep, qualname = effect_name.partition(":")
+    if module.startswith(PINNED_PREFIX):
+        rest = module[len(PINNED_PREFIX):]
+        if len(rest) > 17 and rest[16] == "_":
+            module = rest[17:]
+    return module + sep + qualname
+
+
 class ResumeWarning(UserWarning):
     """How a run was resumed differs from what its code computes now (``tcc run`` and
     ``tcc resume`` show it as ``tcc: warning: ...``; the run's events record it too)."""
@@ -199,11 +212,11 @@ class ResumeWarning(UserWarning):
 def recomputed_warning(run_id: str, differs: dict[str, str]) -> str:
     """The warning for a call re-issued with recorded arguments its code no longer computes."""
     return (f"run {run_id}: {differs['call']} at {differs['site']} was in flight at the crash as "
-            f"{differs['then']}, and the resumed code computes {differs['now']} before it; it "
-            "is re-issued as recorded (its idempotency key stands for those arguments), so "
-            "values the agent computed since its last snapshot differ from the ones the call "
-            "used. Compute such values (a random id, the time) inside an effect, so that they "
-            "are recorded (README, \"Effect semantics\")")
+            f"{differs['then']}; the resumed code now makes it as {differs['now']}. The call is "
+            "settled as recorded (its verify probe is asked, or it is re-issued with the "
+            "recorded arguments and idempotency key), so what the agent computed since its "
+            "last snapshot is not what the call used. Compute such values (a random id, the "
+            "time) inside an effect, so that they are recorded (README, \"Effect semantics\")")
 
 
 def _same_arguments(recorded: bytes, now: bytes) -> bool:

@@ -240,9 +240,11 @@ class CodeRecorder:
         self._judged: dict[str, types.ModuleType] = {}
         self._stored: set[str] = set()
 
-    def record(self) -> None:
+    def record(self, *, deferred: bool = True) -> None:
         """Before a snapshot: store the sources of project modules loaded since the last
-        look, and queue the manifest entries that changed (written with the snapshot)."""
+        look, and queue the manifest entries that changed (written with the snapshot).
+        ``deferred=False`` (a run's start): write them at once, so that a run killed
+        before its first snapshot is resumed on the code it started with too."""
         if len(sys.modules) == self._seen:
             return
         self._seen = len(sys.modules)
@@ -280,7 +282,7 @@ class CodeRecorder:
         data: dict[str, Any] = {"root": self.root.rstrip(os.sep), "modules": entries}
         if stale:
             data["stale"] = stale
-        self.store.add_event(self.run_id, CODE_EVENT, data, epoch=self.epoch, deferred=True)
+        self.store.add_event(self.run_id, CODE_EVENT, data, epoch=self.epoch, deferred=deferred)
 
     def _source_of(self, name: str, module: types.ModuleType) -> tuple[str, str | None, bytes | None] | None:
         """(file, digest, source) of a project module (digest None: the file changed
@@ -418,7 +420,13 @@ class PinnedCode:
         name = entry.rpartition(":")[0] if _scripts.is_module_entry(entry) \
             else _scripts.module_name(_scripts.split_entry(entry)[0])
         pinned = self._pinned_of(name)
-        return self._load(pinned) if pinned is not None else _scripts.entry_module(entry)
+        if pinned is None:
+            return _scripts.entry_module(entry)
+        if not _scripts.is_module_entry(entry):  # as a script loaded from its file: a module
+            folder = os.path.dirname(_scripts.split_entry(entry)[0])  # (as load_script puts it)
+            if folder not in sys.path:  # the run had not imported yet is found beside it
+                sys.path.insert(0, folder)
+        return self._load(pinned)
 
     def _where(self, pname: str) -> tuple[str, str, str]:
         """(original name, file, digest) of pinned module ``pname``."""

@@ -13,6 +13,7 @@ from ..capture import load_payload, native_available, process_modules, set_proce
 from ..store import (FINAL_STATUSES, FINISHED_STATUSES, HOST, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
                      Store)
 from . import _scripts
+from ._process_state import process_state_notes
 from ._globals import ModuleState
 from ..effects import EffectRequest
 from ._driver import Driver, Outcome
@@ -405,15 +406,23 @@ def start(
     left = modules.left_to_import() if modules is not None else []
     if left:
         info["rebuilt_by_import"] = left
+    unheld = process_state_notes(modules.agent_modules()) if modules is not None else []
+    if unheld:
+        info["process_state"] = unheld
     store.add_event(run.run_id, "started", info)
     if left and on_notice is not None and parent is None:
         on_notice(f"module-level {', '.join(left)} cannot be captured: a resumed run gets the "
                   "object a fresh import builds, so what the run changes inside it is lost "
                   "(keep run data in capturable values; see README, \"Module-level data\")")
+    if unheld and on_notice is not None and parent is None:
+        for note in unheld:
+            on_notice(f"{note} (README, \"Process state\")")
     coro = _make_coroutine(func, args, entry, run.run_id)
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules, pinned=pinned)
+    if driver.code is not None:  # before the first effect: a crash before the first
+        driver.code.record(deferred=False)  # snapshot resumes on this code too
     return driver.drive(coro)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import errors
 from ..capture import dump_payload, load_payload
@@ -26,7 +26,7 @@ from ..effects import reusing_live_resources
 from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnRequest, WaitRequest, lookup
 from ..store import Completion
 from ._attempts import _backoff, should_retry
-from ._journal import ResumeWarning, call_repr, completion_record, recomputed_warning
+from ._journal import LoggedCall, ResumeWarning, call_repr, completion_record, recomputed_warning
 from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
 from ._outcome import encode_error
 from ._parking import STOP, Parked
@@ -52,12 +52,29 @@ def journaled(d: Driver, coro: Any, request: Any) -> Resumption:
 # ---------------------------------------------------------- effect calls
 
 def _said(d: Driver, key: str, differs: dict[str, str] | None) -> None:
-    """A call in flight at the crash is re-issued with arguments the code no longer
-    computes: record it as an event and warn (see ``Replay.check_arguments``)."""
+    """A call in flight at the crash is settled with arguments the code no longer
+    computes: record it as an event (with the next write, as the other ``in_doubt_*``
+    events) and warn (see ``Replay.check_arguments``)."""
     if differs is None:
         return
-    d.store.add_event(d.run_id, "in_doubt_arguments_differ", {"key": key, **differs}, epoch=d.epoch)
-    warnings.warn(recomputed_warning(d.run_id, differs), ResumeWarning, stacklevel=2)
+    d.store.add_event(d.run_id, "in_doubt_arguments_differ", {"key": key, **differs}, epoch=d.epoch,
+                      deferred=True)
+    try:
+        warnings.warn(recomputed_warning(d.run_id, differs), ResumeWarning, stacklevel=2)
+    except Warning:  # warnings turned into errors: the event says it; the run goes on
+        pass
+
+
+def _checked(d: Driver, coro: Any, key: str, logged: LoggedCall, effect: Effect,
+             request: EffectRequest) -> None:
+    """Check a journaled call against the one the code makes now (``Replay.check_arguments``).
+    A call in flight at the crash is compared only: its arguments are not journaled again,
+    and ones that cannot be captured now do not fail the run (it is settled as recorded)."""
+    in_flight = logged.outcome is None and not logged.retry
+    dump: Callable[[], bytes] = (lambda: dump_payload((request.args, request.kwargs))) if in_flight \
+        else (lambda: _dump_args(d, effect, request))
+    _said(d, key, d.replay.check_arguments(coro, logged, request.name, request.args,
+                                           request.kwargs, dump))
 
 
 def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
@@ -65,8 +82,7 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
     effect = _effect(request.name)
     if d.replay:
         logged = d.replay.take(key, request.name)
-        _said(d, key, d.replay.check_arguments(coro, logged, request.name, request.args,
-                                               request.kwargs, lambda: _dump_args(d, effect, request)))
+        _checked(d, coro, key, logged, effect, request)
         # The journal's last call failed, and its next attempt was issued (by the effect's
         # retries, or by a `tcc retry` that a crash interrupted): that attempt may have
         # started before a crash took its intent.  (With its retries spent, the failure
@@ -96,8 +112,29 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
         else:
             outcome, completion = d.attempts.run_attempts(effect, args, key, 1)
     d.past_the_journal()
+    outcome = as_recorded(outcome, completion.result)
     d.completed(coro, outcome, completion)
     return outcome
+
+
+# Results that are their own copy: a copy of one is equal, and nothing can change it.
+_IMMUTABLE = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
+def as_recorded(outcome: Resumption, blob: bytes | None) -> Resumption:
+    """The outcome the agent is sent for a call that ran now: its result as the journal
+    recorded it (``blob``), a copy, as a result served from the journal after a crash
+    is (README, "Effect semantics": an effect that returns a module-level dict, or the
+    same cached object twice, must not give the agent shared objects in an uninterrupted
+    run and copies in a resumed one).  Immutable results and exceptions are sent as they
+    are."""
+    if outcome[0] != "send" or type(outcome[1]) in _IMMUTABLE or blob is None:
+        return outcome
+    try:
+        with reusing_live_resources():  # a tcc.resource in it stays the live one, as in arguments
+            return ("send", load_payload(blob))
+    except Exception:  # noqa: BLE001 - it pickles but does not load: the object as it is (a
+        return outcome  # resume would fail on the journal too, as before; not this run now)
 
 
 def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
@@ -111,7 +148,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
         """A verify probe found call ``i``'s effect: its outcome, journaled."""
         if found is None:
             return False
-        outcomes[i] = found[0]
+        outcomes[i] = as_recorded(found[0], found[1].result)
         d.store.append_completion(d.run_id, d.epoch, found[1])
         d.effects += 1
         return True
@@ -126,8 +163,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
         key = f"{base}.{i}"
         if d.replay:
             logged = d.replay.take(key, req.name)
-            _said(d, key, d.replay.check_arguments(coro, logged, req.name, req.args, req.kwargs,
-                                                   lambda: _dump_args(d, eff, req)))
+            _checked(d, coro, key, logged, eff, req)
             if logged.outcome is not None and not should_retry(eff, logged):
                 outcomes[i] = logged.outcome
                 d.replayed += 1
@@ -179,7 +215,9 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             if isinstance(res, Parked):  # never started: its intent stays open (in doubt)
                 continue
             outcome: Resumption = ("throw", res) if isinstance(res, Exception) else ("send", res)
-            d.store.append_completion(d.run_id, d.epoch, completion_record(seq, outcome, duration))
+            record = completion_record(seq, outcome, duration)
+            d.store.append_completion(d.run_id, d.epoch, record)
+            outcome = as_recorded(outcome, record.result)
             d.effects += 1
             if outcome[0] == "throw" and attempt <= eff.retries:  # as a single call retries
                 with reusing_live_resources():  # a fresh copy of the recorded arguments
