@@ -115,7 +115,9 @@ def _refusal_for(t: type) -> _Refusal | None:
     if sockets is not None and issubclass(t, sockets.socket):
         return _Refusal("sockets cannot be captured; reconnect after restore")
     if issubclass(t, types.AsyncGeneratorType):
-        return _Refusal("async generators cannot be captured yet; use a class-based async iterator")
+        return _Refusal("async generators cannot be captured yet; use a class-based async iterator "
+                        "(__aiter__/__anext__), or for an @asynccontextmanager a class with "
+                        "__aenter__/__aexit__")
     if issubclass(t, types.FrameType):
         return _Refusal("frame objects cannot be captured")
     asyncio = sys.modules.get("asyncio")
