@@ -488,3 +488,22 @@ def test_a_module_first_imported_after_the_crash_is_found_beside_the_pinned_scri
     helpers = script.with_name("helpers.py")
     helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
     assert _result(cli.run("resume", "--json", "z")) == [0, 10, "late", 20, 30]
+
+
+def test_a_run_whose_code_cannot_be_recorded_fails_with_the_store_error_alone(tmp_path, monkeypatch):
+    """The code is recorded before the agent's coroutine is made: a store failure there (a
+    lost database connection) is the one error, with no 'coroutine was never awaited' after."""
+    import gc
+
+    from tcc import runtime
+    from tcc.errors import StoreError
+
+    script = _project(tmp_path)
+    with open_store(str(tmp_path / "st"), create=True) as store:
+        def broken(_sources):
+            raise StoreError("the disk went away")
+
+        monkeypatch.setattr(store, "put_code", broken)
+        with pytest.raises(StoreError, match="the disk went away"):
+            runtime.start(store, str(script), ["2"], run_id="x")
+        gc.collect()  # (an unawaited coroutine would warn here; warnings are errors in tests)

@@ -417,12 +417,15 @@ def start(
     if unheld and on_notice is not None and parent is None:
         for note in unheld:
             on_notice(f"{note} (README, \"Process state\")")
-    coro = _make_coroutine(func, args, entry, run.run_id)
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules, pinned=pinned)
-    if driver.code is not None:  # before the first effect: a crash before the first
-        driver.code.record(deferred=False)  # snapshot resumes on this code too
+    # The run's code, recorded before its first effect, so that a crash before its first
+    # snapshot resumes on this code too; and before the coroutine is made, which a failure
+    # here (a lost database connection) would leave never awaited.
+    if driver.code is not None:
+        driver.code.record(deferred=False)
+    coro = _make_coroutine(func, args, entry, run.run_id)
     return driver.drive(coro)
 
 
