@@ -498,7 +498,9 @@ def test_a_run_whose_code_cannot_be_recorded_fails_with_the_store_error_alone(tm
     from tcc import runtime
     from tcc.errors import StoreError
 
-    script = _project(tmp_path)
+    script = tmp_path / "unrecorded_code_agent.py"  # (a name no other in-process test loads)
+    script.write_text("import tcc\n\n\n@tcc.effect\ndef step(i):\n    return i\n\n\n"
+                      "async def main(n):\n    return await step(int(n))\n")
     with open_store(str(tmp_path / "st"), create=True) as store:
         def broken(_sources):
             raise StoreError("the disk went away")
