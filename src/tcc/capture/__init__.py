@@ -10,6 +10,7 @@ This package knows nothing about stores or runtimes.
 import importlib as _importlib
 import typing as _typing
 
+from ._api import ATOMS as ATOMS
 from ._api import dump_payload as dump_payload
 from ._api import dump_stored as dump_stored
 from ._api import check_frame_record as check_frame_record
@@ -75,6 +76,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 __all__ = [
+    "ATOMS",
     "NULL_SLOT",
     "PINNED_PREFIX",
     "UNBOUND",

@@ -43,7 +43,7 @@ def _new_pickler(buf: io.BytesIO, segments: Any = None) -> Pickler:
 # Plain data: what tcc's pickler writes exactly as pickle does (the C pickler handles these
 # exact types itself, before any reducer_override or dispatch table is asked; not complex,
 # which reducer_override sees, so a reducer registered for it must apply).
-_ATOMS = frozenset({type(None), bool, int, float, str, bytes})
+ATOMS = frozenset({type(None), bool, int, float, str, bytes})
 _PLAIN_ITEMS = 64  # a payload with more items takes tcc's pickler: the walk is not free
 
 
@@ -58,7 +58,7 @@ def _plain(obj: Any) -> bool:
             return False
         item = todo.pop()
         t = type(item)
-        if t in _ATOMS:
+        if t in ATOMS:
             continue
         if (t is not tuple and t is not list and t is not dict) or len(item) > _PLAIN_ITEMS:
             return False

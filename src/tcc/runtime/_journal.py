@@ -37,6 +37,12 @@ class LoggedCall:
     # ... whose intent a crash of the store's server may have taken: ask the probe first
     unrecorded: bool = False
 
+    @property
+    def in_flight(self) -> bool:
+        """Was this call in flight at the crash: its intent journaled, no outcome, and not
+        a failed call that `tcc retry` asked to issue again?"""
+        return self.outcome is None and not self.retry
+
 
 def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:
     """Fold journal records into logical calls, in the order they were made."""
@@ -164,12 +170,11 @@ class Replay:
         differ, the agent's values computed since its snapshot are not the ones the call
         used, and the returned ``{"call", "site", "now", "then"}`` says so (the caller
         records it and warns).  ``dump_args()``: the arguments the code passes now, journaled."""
-        in_flight = logged.outcome is None and not logged.retry
         try:
             if _same_arguments(logged.args, dump_args()):
                 return None
         except errors.CaptureError:
-            if in_flight:  # settled as recorded all the same
+            if logged.in_flight:  # settled as recorded all the same
                 return None
             raise
         try:
@@ -178,7 +183,7 @@ class Replay:
         except Exception as exc:  # noqa: BLE001 - the message must still be given
             then = f"{logged.name.rpartition(':')[2]}(<unreadable: {type(exc).__name__}>)"
         which, now = f"call {logged.key.rpartition(':')[2]}", call_repr(name, args, kwargs)
-        if in_flight:  # re-issued with its recorded arguments, by design: said, not hidden
+        if logged.in_flight:  # re-issued with its recorded arguments, by design: said, not hidden
             return {"call": which, "site": await_site(coro), "now": now, "then": then}
         self.diverged(coro, which, now, then)
         return None  # (not reached)

@@ -21,7 +21,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import errors
-from ..capture import dump_payload, load_payload
+from ..capture import ATOMS, dump_payload, load_payload
 from ..effects import reusing_live_resources
 from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnRequest, WaitRequest, lookup
 from ..store import Completion
@@ -51,10 +51,16 @@ def journaled(d: Driver, coro: Any, request: Any) -> Resumption:
 
 # ---------------------------------------------------------- effect calls
 
-def _said(d: Driver, key: str, differs: dict[str, str] | None) -> None:
-    """A call in flight at the crash is settled with arguments the code no longer
-    computes: record it as an event (with the next write, as the other ``in_doubt_*``
-    events) and warn (see ``Replay.check_arguments``)."""
+def _checked(d: Driver, coro: Any, key: str, logged: LoggedCall, effect: Effect,
+             request: EffectRequest) -> None:
+    """Check a journaled call against the one the code makes now (``Replay.check_arguments``).
+    A call in flight at the crash is compared only: its arguments are not journaled again,
+    and ones that cannot be captured now do not fail the run (it is settled as recorded).
+    If the code now computes other arguments for it, that is recorded as an event (with
+    the next write, as the other ``in_doubt_*`` events) and warned of."""
+    dump: Callable[[], bytes] = (lambda: dump_payload((request.args, request.kwargs))) \
+        if logged.in_flight else (lambda: _dump_args(d, effect, request))
+    differs = d.replay.check_arguments(coro, logged, request.name, request.args, request.kwargs, dump)
     if differs is None:
         return
     d.store.add_event(d.run_id, "in_doubt_arguments_differ", {"key": key, **differs}, epoch=d.epoch,
@@ -63,18 +69,6 @@ def _said(d: Driver, key: str, differs: dict[str, str] | None) -> None:
         warnings.warn(recomputed_warning(d.run_id, differs), ResumeWarning, stacklevel=2)
     except Warning:  # warnings turned into errors: the event says it; the run goes on
         pass
-
-
-def _checked(d: Driver, coro: Any, key: str, logged: LoggedCall, effect: Effect,
-             request: EffectRequest) -> None:
-    """Check a journaled call against the one the code makes now (``Replay.check_arguments``).
-    A call in flight at the crash is compared only: its arguments are not journaled again,
-    and ones that cannot be captured now do not fail the run (it is settled as recorded)."""
-    in_flight = logged.outcome is None and not logged.retry
-    dump: Callable[[], bytes] = (lambda: dump_payload((request.args, request.kwargs))) if in_flight \
-        else (lambda: _dump_args(d, effect, request))
-    _said(d, key, d.replay.check_arguments(coro, logged, request.name, request.args,
-                                           request.kwargs, dump))
 
 
 def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
@@ -118,7 +112,7 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
 
 
 # Results that are their own copy: a copy of one is equal, and nothing can change it.
-_IMMUTABLE = frozenset({str, bytes, int, float, bool, complex, type(None)})
+_IMMUTABLE = ATOMS | {complex}
 
 
 def as_recorded(outcome: Resumption, blob: bytes | None) -> Resumption:
