@@ -546,6 +546,36 @@ tcc_dict_version(PyObject *module, PyObject *arg)
     return PyLong_FromUnsignedLongLong(tcc_dict_tag(arg));
 }
 
+/* Where a memoryview's memory starts in the buffer its exporter gives now: the byte
+ * offset, or None when the exporter gives no simple contiguous buffer or the view's memory
+ * is not inside it.  Reads two pointers; touches neither buffer's memory. */
+static PyObject *
+tcc_view_offset(PyObject *module, PyObject *args)
+{
+    PyObject *view, *exporter;
+    if (!PyArg_ParseTuple(args, "O!O:view_offset", &PyMemoryView_Type, &view, &exporter)) {
+        return NULL;
+    }
+    Py_buffer mine;
+    if (PyObject_GetBuffer(view, &mine, PyBUF_FULL_RO) < 0) {
+        return NULL;  /* a released view: ValueError */
+    }
+    Py_buffer base;
+    if (PyObject_GetBuffer(exporter, &base, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&mine);
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    char *start = (char *)mine.buf, *low = (char *)base.buf;
+    Py_ssize_t len = mine.len, total = base.len;
+    PyBuffer_Release(&base);
+    PyBuffer_Release(&mine);
+    if (start < low || start - low > total || len > total - (start - low)) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromSsize_t(start - low);
+}
+
 static PyObject *
 tcc_segment_unchanged(PyObject *module, PyObject *args)
 {
@@ -984,6 +1014,10 @@ static PyMethodDef tcc_methods[] = {
     {"dict_version", tcc_dict_version, METH_O,
      "dict_version(d) -> int\n\n"
      "The version tag of an exact dict (PEP 509): new on every change."},
+    {"view_offset", tcc_view_offset, METH_VARARGS,
+     "view_offset(view, exporter) -> int | None\n\n"
+     "The byte offset of a memoryview's memory in ``exporter``'s simple buffer, or None\n"
+     "when it has none or the view's memory is not inside it."},
     {"segment_shared", tcc_segment_shared, METH_VARARGS,
      "segment_shared(list, start, items) -> tuple\n\n"
      "Indices of the exact dicts among items that something besides the list and items\n"

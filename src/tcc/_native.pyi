@@ -21,6 +21,9 @@ KIND_TUPLE: int
 KIND_EXC_ITEMS: int
 BUILT_FOR: str  # the exact CPython version this module was compiled for
 
+def view_offset(view: memoryview, exporter: Any, /) -> int | None:
+    """The byte offset of ``view``'s memory in ``exporter``'s simple buffer, or None."""
+
 def read_frame(gen: Any, null: object, /) -> tuple[int, int, tuple[Any, ...], BaseException | None, Any]:
     """(state, offset, slots, exc, func) of a generator's or coroutine's frame, undisturbed."""
 

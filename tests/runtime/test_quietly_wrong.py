@@ -671,3 +671,22 @@ def test_a_resource_in_an_effect_result_stays_the_live_one(tmp_path):
     (a new, unbuilt copy would build its client again)."""
     cli = Cli(tmp_path)
     assert _result(cli.run("run", "--json", f"{QUIET / 'aliased_result_agent.py'}:resource")) == {"same": True}
+
+
+# ------------------------------ views of and attributes on objects the agent keeps using
+
+@pytest.mark.parametrize("entry, expected, kills", [
+    ("window", {"buf": "..AABB..", "view": "AABB", "kind": "memoryview"}, (1,)),
+    ("registry", {"known": ["alpha", "beta", "delta", "gamma"], "kind": "mappingproxy"}, (1, 2)),
+    ("budget", {"steps": 5, "tokens": 200, "limit": 200, "tag": "run"}, (1, 3)),
+])
+def test_views_and_container_attributes_survive_a_crash(tmp_path, entry, expected, kills):
+    """A memoryview window into a bytearray, a MappingProxyType of a dict, and a Counter or
+    defaultdict subclass with its own attributes come back as they were: a memoryview used to
+    come back as bytes, a proxy as a proxy of a copy, and a Counter subclass with its class's
+    limit (the agent then ran 25 steps instead of 5)."""
+    cli = Cli(tmp_path)
+    script = f"{QUIET / 'shared_views_agent.py'}:{entry}"
+    assert _result(cli.run("run", "--json", script)) == expected
+    for after in kills:
+        assert _killed_then_resumed(cli, f"{entry}-{after}", script, after=after) == expected

@@ -57,6 +57,15 @@ def native() -> Any:
     return _native_mod
 
 
+def view_offset(view: memoryview, exporter: Any) -> int | None:
+    """Where ``view``'s memory starts in ``exporter``'s buffer (``tcc._native``), or None
+    (no such place, or no native module to find it)."""
+    if _native_mod is None:
+        return None
+    offset: int | None = _native_mod.view_offset(view, exporter)
+    return offset
+
+
 def code_of(gen: Any) -> types.CodeType:
     """The code object of a generator or coroutine."""
     code: types.CodeType = gen.gi_code if isinstance(gen, types.GeneratorType) else gen.cr_code

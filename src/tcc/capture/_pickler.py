@@ -550,6 +550,51 @@ def _reduce_exception(pickler: Pickler, exc: BaseException) -> Any:
     return (rv[0], rv[1], chain, None, None, _records.fill_exception)
 
 
+def _reduce_keeping_state(pickler: Pickler, obj: Any) -> Any:
+    """A ``Counter`` or ``defaultdict`` (or a subclass's instance): their ``__reduce__``
+    leaves out the instance's own attributes (``self.limit`` of a ``TokenBudget(Counter)``),
+    so it would come back with the class's defaults; they go in as its state."""
+    rv = obj.__reduce_ex__(5)
+    state = obj.__getstate__()
+    if not isinstance(rv, tuple) or len(rv) < 2 or (len(rv) > 2 and rv[2] is not None) or not state:
+        return NotImplemented
+    return (rv[0], rv[1], state, *rv[3:])
+
+
+def _reduce_mappingproxy(pickler: Pickler, proxy: types.MappingProxyType[Any, Any]) -> Any:
+    """A read-only proxy of a mapping stays one of the restored mapping (a registry the
+    agent exposes as ``MappingProxyType(self._tools)`` sees what is added to it later), not
+    of a copy.  A class's namespace (``C.__dict__``) is still copied, as before: pickled,
+    its functions and descriptors would be a class's body, not data."""
+    referents = gc.get_referents(proxy)
+    mapping = referents[0] if len(referents) == 1 else None
+    if mapping is None or (type(mapping) is dict and "__doc__" in mapping and "__module__" in mapping):
+        return (types.MappingProxyType, (dict(proxy),))
+    return (types.MappingProxyType, (mapping,))
+
+
+def _reduce_memoryview(pickler: Pickler, view: memoryview) -> Any:
+    """A memoryview is restored as a view of the restored object it views, at the same
+    place, format and shape (a window into a ``bytearray`` the agent fills sees the later
+    writes, as the original did).  A view tcc cannot place so is refused, never replaced
+    by a copy."""
+    try:
+        exporter = view.obj
+    except ValueError:  # released
+        raise errors.CaptureError("a released memoryview cannot be captured") from None
+    offset = _frames.view_offset(view, exporter) if exporter is not None else None
+    fmt, shape = view.format, view.shape
+    try:
+        if offset is None or not view.c_contiguous:
+            raise ValueError("not a contiguous window of its object's buffer")
+        _records.memoryview_of(exporter, offset, view.nbytes, fmt, shape, view.readonly)  # it must load
+    except (ValueError, TypeError) as exc:
+        raise errors.CaptureError(
+            f"a memoryview of a {type(exporter).__name__} cannot be captured ({exc}); hold "
+            "the object itself, or its bytes (bytes(view))") from None
+    return (_records.memoryview_of, (exporter, offset, view.nbytes, fmt, shape, view.readonly))
+
+
 def _reduce_traceback(pickler: Pickler, tb: types.TracebackType) -> Any:
     # A traceback pins live frames; it is informational only, so it is
     # captured as None (documented), like the __traceback__ of exceptions.
@@ -658,6 +703,8 @@ _EXACT: dict[type, Callable[[Pickler, Any], Any]] = {
     types.CodeType: _reduce_code,
     types.TracebackType: _reduce_traceback,
     types.FunctionType: _reduce_function,
+    types.MappingProxyType: _reduce_mappingproxy,
+    memoryview: _reduce_memoryview,
     **_dict_reducers(),
 }
 
@@ -684,4 +731,6 @@ def _classify(t: type) -> Callable[[Pickler, Any], Any] | None:
         return refusal
     if issubclass(t, BaseException):
         return _reduce_exception
+    if issubclass(t, (collections.Counter, collections.defaultdict)):
+        return _reduce_keeping_state
     return None

@@ -397,6 +397,24 @@ def dict_iterator_resized(kind: Any) -> Any:
     return it
 
 
+def memoryview_of(exporter: Any, offset: Any, nbytes: Any, fmt: Any, shape: Any, readonly: Any) -> memoryview:
+    """A memoryview of ``nbytes`` at byte ``offset`` of ``exporter``'s buffer, cast to
+    ``fmt`` and ``shape`` (and read-only if ``readonly``), as captured."""
+    if type(offset) is not int or type(nbytes) is not int or type(fmt) is not str \
+            or type(shape) is not tuple or type(readonly) is not bool or offset < 0 or nbytes < 0:
+        raise errors.CorruptSnapshotError("malformed memoryview in the snapshot")
+    try:
+        whole = memoryview(exporter).cast("B")
+        if offset + nbytes > whole.nbytes:
+            raise errors.CorruptSnapshotError("a memoryview in the snapshot reaches past its object")
+        view = whole[offset:offset + nbytes]
+        if fmt != "B" or len(shape) != 1:
+            view = view.cast(fmt, shape)  # type: ignore[call-overload]
+    except (TypeError, ValueError) as exc:
+        raise errors.CorruptSnapshotError(f"malformed memoryview in the snapshot ({exc})") from None
+    return view.toreadonly() if readonly and not view.readonly else view
+
+
 # ------------------------------------------------------------------- cells
 
 
