@@ -690,3 +690,19 @@ def test_views_and_container_attributes_survive_a_crash(tmp_path, entry, expecte
     assert _result(cli.run("run", "--json", script)) == expected
     for after in kills:
         assert _killed_then_resumed(cli, f"{entry}-{after}", script, after=after) == expected
+
+
+# ------------------------------------------------ sentinels keep their identity after a crash
+
+SENTINELS = [["miss", "a"], True, ["miss", "b"], True, ["hit", "a"], True, ["miss", "c"], True,
+             ["hit", "b"], True]
+
+
+def test_sentinels_held_across_effects_are_still_the_sentinels_after_a_crash(tmp_path):
+    """``hit is MISSING`` for a library's ``MISSING = object()``, and ``dataclasses.MISSING``,
+    answer after a resume as before (a copy made a miss look like a hit: a fetch skipped)."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "sentinel_agent.py")
+    assert _result(cli.run("run", "--json", script)) == SENTINELS
+    for after in (1, 3, 6):
+        assert _killed_then_resumed(cli, f"s{after}", script, after=after) == SENTINELS

@@ -52,7 +52,7 @@ from typing import Any, Callable
 import cloudpickle  # type: ignore[import-untyped]
 
 from .. import errors
-from . import _frames, _records
+from . import _frames, _records, _singletons
 from ._fingerprint import fingerprint
 
 from ._registry import KIND_CACHE as _KIND_CACHE
@@ -595,6 +595,22 @@ def _reduce_memoryview(pickler: Pickler, view: memoryview) -> Any:
     return (_records.memoryview_of, (exporter, offset, view.nbytes, fmt, shape, view.readonly))
 
 
+def _reduce_maybe_sentinel(pickler: Pickler, obj: Any) -> Any:
+    """An object with no state that a module binds at module level (``MISSING =
+    object()``, ``dataclasses.MISSING``) is named, so that it loads as the object the
+    import binds and ``is`` tests keep their answer (see ``_singletons``); any other
+    object of its type is pickled as usual."""
+    try:
+        if not _singletons.stateless(obj):
+            return NotImplemented
+    except Exception:  # noqa: BLE001 - its own __getstate__ failed: pickling says how
+        return NotImplemented
+    found = _singletons.home(obj)
+    if found is None:
+        return NotImplemented
+    return (_records.module_attribute, found)
+
+
 def _reduce_traceback(pickler: Pickler, tb: types.TracebackType) -> Any:
     # A traceback pins live frames; it is informational only, so it is
     # captured as None (documented), like the __traceback__ of exceptions.
@@ -733,4 +749,6 @@ def _classify(t: type) -> Callable[[Pickler, Any], Any] | None:
         return _reduce_exception
     if issubclass(t, (collections.Counter, collections.defaultdict)):
         return _reduce_keeping_state
+    if _singletons.stateless_type(t):
+        return _reduce_maybe_sentinel
     return None

@@ -106,6 +106,25 @@ def import_module(name: str) -> types.ModuleType:
     return importlib.import_module(name)
 
 
+def module_attribute(module_name: Any, name: Any) -> Any:
+    """Attribute ``name`` of module ``module_name`` as this process's import binds it: a
+    sentinel a snapshot names instead of copying (``tcc.capture._singletons``)."""
+    if type(module_name) is not str or type(name) is not str:
+        raise errors.CorruptSnapshotError("malformed module attribute in the snapshot")
+    try:
+        module = import_module(module_name)
+    except ImportError as exc:
+        raise errors.RestoreError(
+            f"snapshot refers to {module_name}.{name}, and module {module_name} cannot be "
+            f"imported here ({exc})") from None
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise errors.RestoreError(
+            f"snapshot refers to {module_name}.{name}, which module {module_name} no longer "
+            "defines (the code changed since the snapshot)") from None
+
+
 def _where(code: types.CodeType) -> str:
     return f"{code.co_qualname}() ({code.co_filename}:{code.co_firstlineno})"
 

@@ -1,0 +1,79 @@
+"""Stateless objects a module binds at module level (sentinels) are named, not copied, so
+``is`` tests answer the same after a load; anything else of their types is copied as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import tcc
+from tcc import errors
+from tcc.capture import _blob, _records, _singletons, safe_loads
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fresh importable module: MISSING = object(), a stateless class instance, one with
+    state, and an instance of the stateless class bound nowhere."""
+    name = f"sentinel_lib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "class Marker:\n    pass\n\n"
+        "MISSING = object()\nEMPTY = Marker()\nFULL = Marker()\nFULL.value = 1\n"
+        "import threading\nLOCK = threading.Lock()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    yield module
+    sys.modules.pop(name, None)
+
+
+def test_a_module_level_sentinel_loads_as_the_same_object(library) -> None:
+    out = tcc.loads(tcc.dumps([library.MISSING, library.EMPTY, dataclasses.MISSING]))
+    assert out[0] is library.MISSING and out[1] is library.EMPTY
+    assert out[2] is dataclasses.MISSING
+
+
+def test_objects_with_state_or_bound_nowhere_are_copies(library) -> None:
+    loose = library.Marker()
+    full, again, plain = tcc.loads(tcc.dumps([library.FULL, loose, object()]))
+    assert full is not library.FULL and full.value == 1
+    assert again is not loose and type(again) is library.Marker
+    assert type(plain) is object
+
+
+def test_a_module_level_object_of_a_c_type_is_still_refused_not_named(library) -> None:
+    """A lock shows no state to ``__getstate__`` but has some: it is refused as before, never
+    replaced by the import's (unlocked) lock."""
+    with pytest.raises(errors.CaptureError, match="lock"):
+        tcc.dumps({"held": library.LOCK})
+
+
+def test_a_sentinel_rebound_since_it_was_found_is_copied(library) -> None:
+    old = library.MISSING
+    assert _singletons.home(old) is not None
+    library.MISSING = object()
+    assert _singletons.home(old) is None
+    assert tcc.loads(tcc.dumps(old)) is not old
+
+
+def test_a_sentinel_the_module_no_longer_defines_fails_the_load_naming_it(library) -> None:
+    blob = tcc.dumps(library.MISSING)
+    del library.MISSING
+    with pytest.raises(errors.RestoreError, match=rf"{library.__name__}\.MISSING, which module"):
+        tcc.loads(blob)
+    with pytest.raises(errors.CorruptSnapshotError):
+        _records.module_attribute(1, "x")
+
+
+def test_the_restricted_loader_names_a_sentinel_without_importing(library) -> None:
+    shown = safe_loads(_blob.unseal(tcc.dumps({"m": library.MISSING})))
+    assert library.__name__ in repr(shown["m"]) and "MISSING" in repr(shown["m"])
+
+
+def test_openai_not_given_keeps_its_identity() -> None:
+    openai = pytest.importorskip("openai")
+    assert tcc.loads(tcc.dumps({"temperature": openai.NOT_GIVEN}))["temperature"] is openai.NOT_GIVEN
