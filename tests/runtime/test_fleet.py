@@ -448,3 +448,26 @@ def test_migration_gives_old_children_their_parent(fleet_store: PgStore) -> None
     with psycopg.connect(fleet_store.url, autocommit=True) as conn:
         got = dict(conn.execute("SELECT run_id, spawned_by FROM tcc.runs").fetchall())
     assert got == {"p": None, "p.1": "p", "p.1.2": "p.1", "p.x": None, "q.3": None}
+
+
+def test_a_fleet_worker_leaves_a_fork_nobody_started_alone(fleet_store: PgStore) -> None:
+    """A fork's owner (the `tcc fork` process) is gone at once; on this host the worker
+    fetches such a run immediately, and used to resume it: a fork starts only with
+    `tcc resume` (README)."""
+    out = _tcc(fleet_store, "hostF", "run", "--run-id", "fp", f"{WAIT_AGENT}:forkable")
+    assert out.returncode == 0, out.stderr
+    store = fleet_store.open()
+    try:
+        first = min(s.number for s in store.snapshots("fp"))
+        out = _tcc(fleet_store, "hostF", "fork", "fp", "--at", str(first), "--answer", '"what-if"',
+                   "--run-id", "ff")
+        assert out.returncode == 0, out.stderr
+        out = _tcc(fleet_store, "hostF", "worker", "--once")
+        assert out.returncode == 0 and "resuming ff" not in out.stderr, out.stderr
+        fork = store.get_run("ff")
+        assert (fork.status, fork.epoch) == ("running", 1)
+        out = _tcc(fleet_store, "hostF", "resume", "ff")
+        assert out.returncode == 0, out.stderr
+        assert decode_result(store.get_run("ff").result) == ["what-if", "did follow-up to what-if"]
+    finally:
+        store.close()

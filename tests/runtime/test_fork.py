@@ -68,3 +68,29 @@ def test_fork_of_a_missing_snapshot_is_a_usage_error_like_inspect(tmp_path):
     assert proc.returncode == 2 and "has no snapshot to fork (a --strategy replay run takes none)" \
         in proc.stderr, proc.stderr
     assert [r["id"] for r in json.loads(cli.run("ls", "--json", check=True).stdout)] == ["rp", "src"]
+
+
+def test_a_worker_leaves_a_fork_nobody_started_alone_and_takes_over_one_that_was(tmp_path):
+    """A fork starts only with `tcc resume` (README): a worker used to see it as a run whose
+    owner (the `tcc fork` process) died and ran its effects at once.  Once a resume has
+    started it, a fork is a run like any other: killed, the worker takes it over."""
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "p", f"{WAIT}:forkable", check=True)
+    first = cli.show("p")["snapshots"][0]["number"]  # after the first effect
+    cli.run("fork", "p", "--at", str(first), "--answer", '"what-if"', "--run-id", "f", check=True)
+    shown = cli.show("f")
+    assert shown["unstarted_fork"] is True and shown["epoch"] == 1
+    assert "a fork nobody started: `tcc resume f` starts it" in cli.run("show", "f", check=True).stdout
+    worker = cli.run("worker", "--once", check=True)
+    assert "resuming f" not in worker.stderr
+    after = cli.show("f")
+    assert (after["status"], after["epoch"], after["effects"]) == ("running", 1, shown["effects"])
+    # started by a resume that is killed (SIGKILL after its first step): the worker finishes it
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="1")
+    assert killer.run("resume", "f").returncode == -9
+    assert cli.show("f")["unstarted_fork"] is False
+    worker = cli.run("worker", "--once", check=True)
+    assert "resuming f" in worker.stderr
+    done = cli.show("f")
+    assert done["status"] == "completed" and done["result"] == ["what-if", "did follow-up to what-if"]

@@ -216,8 +216,9 @@ def run_detail(store: Any, run_id: str, *, as_json: bool, calls: int | None = -1
         return
     say(f"run {doc['id']}  [{doc['status']}]", newlines=False)
     say(f"  entry      {doc['entry']} {' '.join(map(str, doc['args']))}", newlines=False)
-    gone = ("  (gone: `tcc resume` or a worker takes the run over)"
-            if doc["owner_alive"] is False else "")
+    gone = (f"  (a fork nobody started: `tcc resume {doc['id']}` starts it)" if doc.get("unstarted_fork")
+            else "  (gone: `tcc resume` or a worker takes the run over)" if doc["owner_alive"] is False
+            else "")
     say(f"  strategy   {doc['strategy']}   epoch {doc['epoch']}   owner {doc['owner']}{gone}",
         newlines=False)
     print(f"  created    {_when(run.created)}   updated {_when(run.updated)}")

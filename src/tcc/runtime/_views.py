@@ -23,7 +23,7 @@ from . import _report, _scripts
 from ._outcome import decode_result
 from ._pinning import changed_files, manifest_of, policy_of
 from ._state import RunState, unpack_state
-from ._worker import owner_dead, pending_waits
+from ._worker import owner_dead, pending_waits, unstarted_fork
 
 FULL_READ = 5000  # a journal of at most this many records is read whole (exact counts)
 REPR_LIMIT = 200  # characters of an argument list, a result or an error in the call listing
@@ -218,6 +218,8 @@ def run_detail(store: Store, run_id: str, *, calls: int | None, show_value: Show
         # for a running run: whether its owner still holds it (False: its process is gone
         # from this host or its lease ran out, so a resume or the worker takes it over)
         "owner_alive": owner_alive(run) if run.status == "running" else None,
+        # a fork (`tcc fork`) nothing has resumed: only `tcc resume` starts it, never a worker
+        "unstarted_fork": unstarted_fork(run),
         "created": run.created,
         "updated": run.updated,
         "waits": pending_waits(store, run_id),

@@ -109,11 +109,20 @@ def owner_dead(run: RunInfo, now: float) -> bool:
     return False
 
 
+def unstarted_fork(run: RunInfo) -> bool:
+    """Whether ``run`` is a fork (``tcc fork``) that nothing has resumed yet: it starts only
+    with an explicit ``tcc resume`` (README), never by a worker.  A fork is made at epoch 1,
+    owned by the process that made it; the first resume's claim moves it to epoch 2."""
+    return run.parent is not None and run.epoch == 1 and run.status == "running"
+
+
 def due(store: Store, run: RunInfo, now: float) -> str | None:
     """Why the worker should resume ``run`` now, or None."""
     if run.status == "queued":  # unless a worker's resume holds it (its lease runs)
         return "submitted" if owner_dead(run, now) else None
     if run.status == "running":
+        if unstarted_fork(run):
+            return None
         return "owner dead" if owner_dead(run, now) else None
     if run.status == "sleeping":
         until = wake_time(store, run.run_id)
@@ -242,6 +251,8 @@ class Worker:
         self.damaged: set[str] = set()  # runs whose record failed verification (said once)
         # runs whose code changed under refuse (said once) -> when that was last looked at
         self.waiting_decision: dict[str, float] = {}
+        # forks nobody started (run id -> when seen): not fetched again for a while
+        self.unstarted_forks: dict[str, float] = {}
         self.stopping = False
 
     def stop(self, *_args: Any) -> None:
@@ -327,6 +338,9 @@ class Worker:
             now = time.time()
             if run.run_id in self.children or self.backoff.get(run.run_id, (0, 0.0))[1] > now:
                 return ("skip", None)
+            if unstarted_fork(run):  # fetched by its lease; left out of the next polls
+                self.unstarted_forks[run.run_id] = now
+                return ("skip", None)
             reason = due(self.store, run, now)
             if reason is None:  # not due after all: when it will be, if by time
                 when = wake_time(self.store, run.run_id) if run.status == "sleeping" else \
@@ -344,6 +358,7 @@ class Worker:
         # the due runs are read in (a dozen runs whose resumes keep failing, say)
         skipped = [r for r, (_n, until) in self.backoff.items() if until > now]
         skipped += [r for r, seen in self.waiting_decision.items() if now - seen < UNDECIDED_RECHECK]
+        skipped += [r for r, seen in self.unstarted_forks.items() if now - seen < UNDECIDED_RECHECK]
         claimed = claim_due(free, lease=max(self.lease, HANDOVER_LEASE), check=check,
                             exclude=[*self.children, *self.damaged, *skipped], damaged=damaged,
                             watch=owners)
