@@ -253,3 +253,69 @@ def test_the_worker_takes_up_a_wait_whose_timeout_ran_out(tmp_path):
     detail = cli.show("t2")
     assert detail["status"] == "completed", detail["status"]
     assert detail["result"].startswith("timed out: no signal 'never@1'")
+
+
+DEADLINE_AGENT = (
+    "import tcc\n"
+    "async def main(timeout):\n"
+    "    try:\n"
+    "        first = await tcc.wait_for('note', timeout=float(timeout))\n"
+    "    except TimeoutError:\n"
+    "        first = 'timed out'\n"
+    "    return [first, await tcc.wait_for('note')]\n")
+
+
+def _killed_in_its_wait(cli: Cli, run_id: str, script, timeout: str) -> None:
+    """Start ``script`` waiting in-process (--wait), and SIGKILL it inside the wait."""
+    proc = cli.popen("run", "--wait", "300", "--run-id", run_id, str(script), timeout)
+
+    def waiting() -> bool:
+        shown = cli.run("show", "--json", run_id)  # (fails until the run exists)
+        return shown.returncode == 0 and any(e["kind"] == "wait" for e in json.loads(shown.stdout)["events"])
+
+    try:
+        _until(waiting, "the wait", proc)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert proc.returncode == -9
+
+
+def test_a_crash_does_not_restart_a_waits_timeout(tmp_path):
+    """A run killed inside `wait_for(timeout=T)` and resumed after the deadline times out at
+    once, as it would have uninterrupted (each takeover used to start the timeout again, so
+    a run that kept crashing never timed out); the deadline is the one journaled."""
+    script = tmp_path / "w.py"
+    script.write_text(DEADLINE_AGENT)
+    cli = Cli(tmp_path)
+    _killed_in_its_wait(cli, "w", script, "1")
+    calls = cli.show("w")["calls"]
+    assert "timeout at" in calls[0]["args"], calls
+    time.sleep(1.2)  # past the deadline: not a timing assertion, the run must time out whenever
+    parked = json.loads(cli.run("resume", "--json", "w", check=True).stdout)
+    assert parked["status"] == "waiting"  # at the second wait: the first timed out
+    cli.run("signal", "w", "note", "--value", "7", check=True)
+    done = json.loads(cli.run("resume", "--json", "w", check=True).stdout)
+    assert done["result"] == ["timed out", 7]
+
+
+def test_a_signal_sent_after_the_deadline_of_a_crashed_wait_goes_to_the_next_wait(tmp_path):
+    """Uninterrupted, a signal sent after `wait_for(timeout=T)` timed out reaches the next
+    wait.  With the run killed inside the first wait and the signal sent after its deadline,
+    the first wait used to take it on resume: now it goes to the next wait, as before."""
+    script = tmp_path / "w.py"
+    script.write_text(DEADLINE_AGENT)
+    cli = Cli(tmp_path)
+    _killed_in_its_wait(cli, "late", script, "1")
+    time.sleep(1.2)
+    sent = cli.run("signal", "late", "note", "--value", "5", check=True)
+    assert "note@2" in sent.stdout
+    done = json.loads(cli.run("resume", "--json", "late", check=True).stdout)
+    assert done["result"] == ["timed out", 5]
+    # sent before the deadline, it is the first wait's, as uninterrupted
+    _killed_in_its_wait(cli, "early", script, "300")
+    assert "note@1" in cli.run("signal", "early", "note", "--value", "6", check=True).stdout
+    json.loads(cli.run("resume", "--json", "early", check=True).stdout)
+    cli.run("signal", "early", "note", "--value", "8", check=True)
+    done = json.loads(cli.run("resume", "--json", "early", check=True).stdout)
+    assert done["result"] == [6, 8]

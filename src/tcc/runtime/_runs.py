@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import os
+import time
 from typing import Any, Callable, Sequence
 
 from .. import errors
@@ -18,7 +19,7 @@ from ._globals import ModuleState
 from ..effects import EffectRequest
 from ._driver import Driver, Outcome
 from ._journal import LoggedCall, answered_request, logged_calls
-from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
+from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT, read_wait_args
 from ._outcome import decode_child
 from ._parking import Parked
 from ._pinning import (CODE_MODES, CODE_POLICIES, DEFAULT_POLICY, CodeRecorder, Manifest, PinnedCode,
@@ -284,10 +285,13 @@ def send_signal(store: Store, run_id: str, name: str, value: bytes) -> str:
     if run.status in FINAL_STATUSES:  # nothing will ever read it
         raise errors.UsageError(f"run {run_id} is already {run.status}; a signal would never be read")
     ended = set()
+    now = time.time()
     for call in logged_calls(store.journal(run_id)):
-        if call.name == WAIT_EFFECT and call.outcome is not None:
-            wait_id = load_payload(call.args)
-            if isinstance(wait_id, str):
+        if call.name == WAIT_EFFECT:
+            wait_id, deadline = read_wait_args(load_payload(call.args))
+            # ended, or past its deadline: a signal sent now is one that wait never gets (it
+            # times out, uninterrupted or after a crash), so it goes to the next wait
+            if wait_id is not None and (call.outcome is not None or (deadline is not None and deadline <= now)):
                 ended.add(wait_id)
     for n in range(1, 100_000):
         wait_id = f"{name}@{n}"

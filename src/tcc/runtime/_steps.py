@@ -27,7 +27,7 @@ from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnR
 from ..store import Completion
 from ._attempts import _backoff, should_retry
 from ._journal import LoggedCall, ResumeWarning, call_repr, completion_record, recomputed_warning
-from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT
+from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT, read_wait_args, wait_args
 from ._outcome import encode_error
 from ._parking import STOP, Parked
 from ._state import Resumption
@@ -295,16 +295,20 @@ def wait(d: Driver, coro: Any, req: WaitRequest) -> Resumption:
     if req.key is None:
         occurrence = d.waits.get(req.name, 0) + 1
         wait_id = f"{req.name}@{occurrence}"
-        key, seq, outcome, recorded = _journal_marker(d, WAIT_EFFECT, wait_id)
-        if recorded != wait_id:
+        deadline = time.time() + req.timeout if req.timeout is not None else None
+        key, seq, outcome, recorded = _journal_marker(d, WAIT_EFFECT, wait_args(wait_id, deadline))
+        recorded_id, recorded_deadline = read_wait_args(recorded)
+        if recorded_id != wait_id:
             d.replay.diverged(coro, f"call {key.rpartition(':')[2]}", f"a wait for {wait_id!r}",
                               f"a wait for {recorded!r}")
         d.waits[req.name] = occurrence
         if outcome is not None:
             return outcome
-        req.wait_id, req.key, req.intent_seq = recorded, key, seq
+        req.wait_id, req.key, req.intent_seq = wait_id, key, seq
         if req.timeout is not None:
-            req.deadline = time.time() + req.timeout
+            # the deadline the wait got when it began: a crash and a resume do not restart
+            # its clock (a wait journaled by an older tcc has none: it starts again now)
+            req.deadline = recorded_deadline if recorded_deadline is not None else deadline
         d.store.add_event(d.run_id, "wait", {"id": req.wait_id, "name": req.name,
                                              "kind": req.kind, "prompt": req.prompt},
                           epoch=d.epoch)

@@ -86,13 +86,17 @@ class _Calls:
 
     def args(self, name: str, blob: bytes | None) -> str:
         """The argument list of a journaled call, as it would be written in the call."""
-        from ._markers import SLEEP_EFFECT, SPAWN_EFFECT
+        from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT, read_wait_args
 
         ok, value = _payload(blob)
         if not ok:
             return str(value)
         if name == SLEEP_EFFECT and isinstance(value, (int, float)):
             return f"until {when(value)}"
+        if name == WAIT_EFFECT and isinstance(value, tuple):
+            wait_id, deadline = read_wait_args(value)
+            if wait_id is not None and deadline is not None:
+                return f"{self.safe(wait_id)}, timeout at {when(deadline)}"
         if not name.startswith("tcc:") and isinstance(value, tuple) and len(value) == 2 \
                 and isinstance(value[0], tuple) and isinstance(value[1], dict):
             args, kwargs = value
