@@ -3,7 +3,8 @@
 A snapshot holds the agent's frames and the module-level data of its own modules
 (``_globals``).  State kept anywhere else in the process starts again from the import in a
 resumed process: the global ``random`` generator (and NumPy's), the ``decimal`` context,
-and attributes set on the agent's own classes and functions (which the import rebuilds).
+attributes set on the agent's own classes and functions (which the import rebuilds), the
+working directory, redirected standard streams and environment variables.
 An agent that seeds ``random`` for reproducible runs, or counts in a class attribute, then
 resumes to another result than an uninterrupted run, with nothing said.
 
@@ -34,6 +35,19 @@ _ADVICE_DECIMAL = ("the decimal context is process state that snapshots do not h
                    "(decimal.localcontext() around the computation, inside one step)")
 _ADVICE_DEFAULT = ("a default value is made once, at import, so a resumed run starts again "
                    "from an empty one; pass the collection in, or keep it in a module-level variable")
+_CWD = {("os", "chdir"), ("contextlib", "chdir"), ("os", "fchdir")}
+_STREAMS = {("contextlib", "redirect_stdout"), ("contextlib", "redirect_stderr")}
+_ENVIRON = {("os", "putenv"), ("os", "unsetenv"), ("os.environ", "update"), ("os.environ", "pop"),
+            ("os.environ", "setdefault"), ("os.environ", "clear"), ("os.environ", "popitem")}
+_ADVICE_CWD = ("the working directory is process state that snapshots do not hold, so code "
+               "after a resume runs in the resuming process's directory (a `with chdir(...)` "
+               "block suspended at an effect too); pass absolute paths instead")
+_ADVICE_STREAMS = ("a redirected sys.stdout or sys.stderr is process state that snapshots do not "
+                   "hold: after a resume, a `with redirect_stdout(...)` block suspended at an "
+                   "effect prints to the real stream; collect output in a variable instead")
+_ADVICE_ENVIRON = ("environment variables are process state that snapshots do not hold, so a "
+                   "resumed run sees the environment it was started with; pass the value to the "
+                   "code that needs it")
 _MUTABLE_DEFAULTS = {"list", "dict", "set", "bytearray", "collections.defaultdict",
                      "collections.OrderedDict", "collections.Counter", "collections.deque"}
 _MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "add", "discard",
@@ -91,10 +105,22 @@ class _Reader(ast.NodeVisitor):
                 self._say(node, f"calls {name}()", _ADVICE_RNG)
             elif (module, attr) in _DECIMAL:
                 self._say(node, f"calls {name}()", _ADVICE_DECIMAL)
+            elif (module, attr) in _CWD:
+                self._say(node, f"calls {name}()", _ADVICE_CWD)
+            elif (module, attr) in _STREAMS:
+                self._say(node, f"calls {name}()", _ADVICE_STREAMS)
+            elif (module, attr) in _ENVIRON:
+                self._say(node, f"calls {name}()", _ADVICE_ENVIRON)
         self.generic_visit(node)
 
     def _target(self, target: ast.expr, node: ast.AST) -> None:
+        if isinstance(target, ast.Subscript) and self._resolved(_dotted(target.value) or "") == "os.environ":
+            self._say(node, "sets os.environ[...]", _ADVICE_ENVIRON)
+            return
         if not isinstance(target, ast.Attribute):
+            return
+        if self._resolved(_dotted(target) or "") in ("sys.stdout", "sys.stderr"):
+            self._say(node, f"sets {ast.unparse(target)}", _ADVICE_STREAMS)
             return
         owner = _dotted(target.value)
         of_class = (isinstance(target.value, ast.Call) and _dotted(target.value.func) == "type"
@@ -151,8 +177,13 @@ class _Reader(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        for target in node.targets:
-            self._target(target, node)
+        todo = list(node.targets)
+        while todo:  # a, b.c = ...: each element of a tuple or list target
+            target = todo.pop(0)
+            if isinstance(target, (ast.Tuple, ast.List)):
+                todo[:0] = target.elts
+            else:
+                self._target(target, node)
         self.generic_visit(node)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:

@@ -1,0 +1,29 @@
+"""More process state that snapshots do not hold: the working directory, redirected
+standard streams and environment variables, set by the agent's own code."""
+
+import contextlib
+import io
+import os
+import sys
+
+import tcc
+
+
+@tcc.effect
+def step(n: int) -> int:
+    return n
+
+
+async def main():
+    here = os.getcwd()
+    with contextlib.chdir(here):
+        await step(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        await step(2)
+    os.environ["AGENT_MODE"] = "test"
+    os.environ.update({"AGENT_STEP": "3"})
+    saved, sys.stdout = sys.stdout, io.StringIO()
+    sys.stdout = saved
+    os.chdir(here)
+    return await step(3)
