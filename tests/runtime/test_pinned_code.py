@@ -509,3 +509,47 @@ def test_a_run_whose_code_cannot_be_recorded_fails_with_the_store_error_alone(tm
         with pytest.raises(StoreError, match="the disk went away"):
             runtime.start(store, str(script), ["2"], run_id="x")
         gc.collect()  # (an unawaited coroutine would warn here; warnings are errors in tests)
+
+
+NAMED = '''\
+import tcc
+import helpers
+
+
+@tcc.effect(timeout=0.2)
+def slow(i):
+    import time
+    time.sleep(2 if i == 1 else 0)
+    return tcc.current().effect
+
+
+async def main(n="3"):
+    out = []
+    for i in range(int(n)):
+        try:
+            out.append(helpers.shape(await slow(i)))
+        except TimeoutError as exc:
+            out.append(str(exc).split(" timed out")[0])
+    return out
+'''
+
+
+def test_effect_names_are_the_projects_on_the_recorded_code_too(tmp_path):
+    """On its recorded code a run's modules are named ``__tcc_pinned_<hex>_...``; the effect
+    name an agent sees (`tcc.current().effect`, tcc's TimeoutError text) and the one the
+    journal and `tcc show` hold used to be that pinned name after such a resume."""
+    def project(where: pathlib.Path) -> pathlib.Path:
+        where.mkdir(parents=True)
+        (where / "agent.py").write_text(NAMED)
+        (where / "helpers.py").write_text("def shape(v):\n    return v\n")
+        return where / "agent.py"
+
+    reference = _result(Cli(tmp_path / "ref").run("run", "--json", str(project(tmp_path / "ref" / "p"))))
+    assert reference == ["__tcc_script_agent:slow", "effect '__tcc_script_agent:slow'",
+                         "__tcc_script_agent:slow"]
+    script = project(tmp_path / "p")
+    cli = Cli(tmp_path)
+    _killed(cli, "n", str(script), after=1)
+    (script.parent / "helpers.py").write_text("def shape(v):\n    return str(v)\n")  # edited
+    assert _result(cli.run("resume", "--json", "n")) == reference  # on the recorded helpers
+    assert {c["name"] for c in cli.show("n")["calls"]} == {"__tcc_script_agent:slow"}

@@ -706,3 +706,44 @@ def test_sentinels_held_across_effects_are_still_the_sentinels_after_a_crash(tmp
     assert _result(cli.run("run", "--json", script)) == SENTINELS
     for after in (1, 3, 6):
         assert _killed_then_resumed(cli, f"s{after}", script, after=after) == SENTINELS
+
+
+# ------------------------------------------------ a crash inside an attempt uses no retry
+
+@pytest.mark.parametrize("entry, expected", [("main", "ok charge-42"), ("gathered", ["ok a", "ok b"])])
+def test_a_crash_inside_an_attempt_does_not_use_up_a_retry(tmp_path, entry, expected):
+    """retries=2 and an upstream that fails twice: three attempts succeed.  With the process
+    killed inside the first attempt, the re-issued call (in doubt) used to count as the
+    second attempt, and the call gave up after two failures."""
+    script = f"{QUIET / 'retry_budget_agent.py'}:{entry}"
+    (tmp_path / "plain.d").mkdir()
+    (tmp_path / "killed.d").mkdir()
+    plain = Cli(tmp_path / "plain", UPSTREAM_STATE=str(tmp_path / "plain.d"))
+    assert _result(plain.run("run", "--json", script)) == expected
+    cli = Cli(tmp_path / "killed", UPSTREAM_STATE=str(tmp_path / "killed.d"),
+              CRASH_ONCE=str(tmp_path / "crashed"))
+    proc = cli.run("run", "--json", "--run-id", "r", script)
+    assert proc.returncode == -9, proc.stderr  # killed inside its first attempt
+    assert _result(cli.run("resume", "--json", "r")) == expected
+    kinds = [e["kind"] for e in cli.show("r")["events"]]
+    assert "in_doubt_reissued" in kinds
+
+
+def test_tcc_run_names_working_directory_stream_and_environment_changes(tmp_path):
+    """A `with chdir(...)` or `with redirect_stdout(...)` block suspended at an effect, and
+    environment variables set by the run, are not in a snapshot: a resumed run works in the
+    resuming process's directory and prints to the real stream.  Each such line is named."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", "--json", str(QUIET / "process_state_more_agent.py"))
+    assert _result(proc) == 3
+    said = [line[len("tcc: note: "):].split(": ", 1)[0] for line in proc.stderr.splitlines()
+            if line.startswith("tcc: note: process_state_more_agent.py:")]
+    assert said == [
+        "process_state_more_agent.py:19 calls contextlib.chdir()",
+        "process_state_more_agent.py:22 calls contextlib.redirect_stdout()",
+        "process_state_more_agent.py:24 sets os.environ[...]",
+        "process_state_more_agent.py:25 calls os.environ.update()",
+        "process_state_more_agent.py:26 sets sys.stdout",
+        "process_state_more_agent.py:27 sets sys.stdout",
+        "process_state_more_agent.py:28 calls os.chdir()",
+    ], proc.stderr

@@ -29,6 +29,7 @@ from ._flow import suspension_points as flow_points
 from ._records import NULL as NULL_SLOT
 from ._records import PINNED_PREFIX as PINNED_PREFIX
 from ._records import process_modules as process_modules
+from ._records import project_name as project_name
 from ._records import set_process_modules as set_process_modules
 from ._registry import register_reducer as register_reducer
 from ._segments import SegmentCache as SegmentCache
@@ -105,6 +106,7 @@ __all__ = [
     "safe_loads",
     "seal",
     "process_modules",
+    "project_name",
     "set_process_modules",
     "slot_names",
     "stub_name",

@@ -67,6 +67,17 @@ LOAD = _LoadContext()
 PINNED_PREFIX = "__tcc_pinned_"
 
 
+def project_name(name: str) -> str:
+    """``module:qualname`` (or a module name) as the project names it: a module loaded as a
+    run's recorded code is ``__tcc_pinned_<16 hex digits>_<name>``; this gives ``<name>``."""
+    module, sep, qualname = name.partition(":")
+    if module.startswith(PINNED_PREFIX):
+        rest = module[len(PINNED_PREFIX):]
+        if len(rest) > 17 and rest[16] == "_":
+            module = rest[17:]
+    return module + sep + qualname
+
+
 #: The resolver of loads that name none (:func:`set_process_modules`).
 PROCESS_MODULES: list[Callable[[str], types.ModuleType | None]] = []
 

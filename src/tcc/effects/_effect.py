@@ -21,6 +21,7 @@ import types
 from typing import Any, Callable, TypeVar, cast
 
 from .. import errors
+from ..capture import project_name
 from . import _context
 
 _REGISTRY: dict[str, "Effect"] = {}
@@ -244,6 +245,9 @@ class Effect:
             fn, self._binds = fn.__func__, "class"
         self.fn = fn
         self.name = name or f"{fn.__module__}:{fn.__qualname__}"
+        # its name as the project names it (the same on a run's recorded code, whose module
+        # is named __tcc_pinned_...): what journals, events, messages and tcc.current() say
+        self.public_name = project_name(self.name)
         self.retries = retries
         self.timeout = timeout
         self.verify = verify

@@ -52,12 +52,20 @@ class Intent:
 
 
 def should_retry(effect: Effect, logged: LoggedCall) -> bool:
-    """A journaled call that failed with retries of ``effect`` left runs again on resume."""
+    """A journaled call that failed with retries of ``effect`` left runs again on resume.
+    Retries are counted by the attempts that raised: one a crash interrupted (re-issued,
+    in doubt) used none."""
     return (
         logged.outcome is not None
         and logged.outcome[0] == "throw"
-        and logged.attempt <= effect.retries
+        and logged.failures <= effect.retries
     )
+
+
+def last_attempt(effect: Effect, logged: LoggedCall) -> int:
+    """The number of the last attempt a resumed call may make: its retries not yet used by
+    an attempt that raised, after the attempts already journaled."""
+    return logged.attempt + effect.retries + 1 - logged.failures
 
 
 def _backoff(delay: float, retry: int) -> float:
@@ -67,7 +75,7 @@ def _backoff(delay: float, retry: int) -> float:
 
 
 def _timed_out(effect: Effect, what: str) -> str:
-    return f"effect {effect.name!r} timed out after {effect.timeout:g} s ({what})"
+    return f"effect {effect.public_name!r} timed out after {effect.timeout:g} s ({what})"
 
 
 def _stop_iteration(exc: StopIteration) -> RuntimeError:
@@ -194,11 +202,11 @@ class Attempts:
         self.ready(effect.fn, effect)
         while True:
             seq = self.store.append_intent(
-                self.run_id, self.epoch, effect.name, args_blob, idempotency_key=key, attempt=attempt
+                self.run_id, self.epoch, effect.public_name, args_blob, idempotency_key=key, attempt=attempt
             )
-            self.last_effect = effect.name
+            self.last_effect = effect.public_name
             t0 = time.perf_counter()
-            with self.tracer.span("tcc.effect", {"tcc.effect": effect.name, "tcc.idempotency_key": key,
+            with self.tracer.span("tcc.effect", {"tcc.effect": effect.public_name, "tcc.idempotency_key": key,
                                                  "tcc.attempt": attempt}) as span:
                 with reusing_live_resources():
                     args, kwargs = load_payload(args_blob)
@@ -228,7 +236,8 @@ class Attempts:
             found = self.probe(effect, logged, args, kwargs)
             if found is not None:
                 return found
-        return self.run_attempts(effect, logged.args, logged.key, logged.attempt + 1)
+        return self.run_attempts(effect, logged.args, logged.key, logged.attempt + 1,
+                                 last=last_attempt(effect, logged))
 
     def probe_unrecorded(self, effect: Effect, args_blob: bytes, key: str,
                          attempt: int) -> tuple[Resumption, Completion] | None:
@@ -244,14 +253,14 @@ class Attempts:
             return None
         with reusing_live_resources():
             args, kwargs = load_payload(args_blob)
-        intent = Intent(effect.name, args, kwargs, key, attempt)
+        intent = Intent(effect.public_name, args, kwargs, key, attempt)
         verified = self.run_sync_or_async(effect.verify, (intent,), {}, effect, key, attempt)
         if verified is None:
             return None
         self.store.add_event(self.run_id, "in_doubt_verified",
-                             {"effect": effect.name, "key": key, "unrecorded": True}, epoch=self.epoch,
+                             {"effect": effect.public_name, "key": key, "unrecorded": True}, epoch=self.epoch,
                              deferred=True)
-        seq = self.store.append_intent(self.run_id, self.epoch, effect.name, args_blob,
+        seq = self.store.append_intent(self.run_id, self.epoch, effect.public_name, args_blob,
                                        idempotency_key=key, attempt=attempt)
         return ("send", verified), completion_record(seq, ("send", verified), 0.0)
 
@@ -269,15 +278,15 @@ class Attempts:
             verified = self.run_sync_or_async(effect.verify, (intent,), {}, effect, logged.key, attempt)
             if verified is not None:
                 self.store.add_event(self.run_id, "in_doubt_verified",
-                                     {"effect": effect.name, "key": logged.key}, epoch=self.epoch,
+                                     {"effect": effect.public_name, "key": logged.key}, epoch=self.epoch,
                                      deferred=True)
                 seq = self.store.append_intent(
-                    self.run_id, self.epoch, effect.name, logged.args,
+                    self.run_id, self.epoch, effect.public_name, logged.args,
                     idempotency_key=logged.key, attempt=attempt,
                 )
                 return ("send", verified), completion_record(seq, ("send", verified), 0.0)
         self.store.add_event(
-            self.run_id, "in_doubt_reissued", {"effect": effect.name, "key": logged.key, "attempt": attempt},
+            self.run_id, "in_doubt_reissued", {"effect": effect.public_name, "key": logged.key, "attempt": attempt},
             epoch=self.epoch, deferred=True,  # with the re-issued call's completion
         )
         return None
@@ -300,7 +309,7 @@ class Attempts:
         every call (~0.2 ms a step).  An effect without a timeout never has stuck threads;
         the loop is not running, so the call may run one of its own (``asyncio.run``).
         The calls of a ``tcc.gather`` still run in threads, side by side."""
-        token = set_current(Current(self.run_id, effect.name, key, attempt))
+        token = set_current(Current(self.run_id, effect.public_name, key, attempt))
         try:
             return contextvars.copy_context().run(fn, *args, **kwargs)
         except StopIteration as exc:
@@ -322,7 +331,7 @@ class Attempts:
         import asyncio
 
         fn = fn or effect.fn
-        token = set_current(Current(self.run_id, effect.name, key, attempt))
+        token = set_current(Current(self.run_id, effect.public_name, key, attempt))
         try:
             if is_async(fn):
                 if effect.timeout is None:

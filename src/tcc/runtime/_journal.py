@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 from .. import errors
-from ..capture import PINNED_PREFIX, dump_payload, load_payload
+from ..capture import dump_payload, load_payload, project_name
 from ..effects import Resource
 from ..store import Completion, JournalRecord
 from ._state import Resumption
@@ -36,6 +36,8 @@ class LoggedCall:
     retry: bool = False  # `tcc retry`: issue this failed call again, as a new attempt
     # ... whose intent a crash of the store's server may have taken: ask the probe first
     unrecorded: bool = False
+    # attempts that raised (an attempt a crash interrupted is not one: it uses no retry)
+    failures: int = 0
 
     @property
     def in_flight(self) -> bool:
@@ -60,6 +62,8 @@ def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:
             call = by_intent.get(rec.intent_seq if rec.intent_seq is not None else -1)
             if call is not None and call.intent_seq == rec.intent_seq:
                 call.outcome = recorded_resumption(rec)
+                if call.outcome[0] == "throw":
+                    call.failures += 1
     return list(calls.values())
 
 
@@ -196,17 +200,6 @@ class Replay:
             "recorded, so the run stops here (the code changed, or computes the call from "
             "something that differs between processes, such as the time or a random number)"
         )
-
-
-def project_name(effect_name: str) -> str:
-    """``module:qualname`` of an effect with its module as the project names it: a module
-    loaded as a run's recorded code is ``__tcc_pinned_<16 hex digits>_<name>``."""
-    module, sep, qualname = effect_name.partition(":")
-    if module.startswith(PINNED_PREFIX):
-        rest = module[len(PINNED_PREFIX):]
-        if len(rest) > 17 and rest[16] == "_":
-            module = rest[17:]
-    return module + sep + qualname
 
 
 class ResumeWarning(UserWarning):

@@ -21,7 +21,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import errors
-from ..capture import ATOMS, dump_payload, load_payload
+from ..capture import ATOMS, dump_payload, load_payload, process_modules
 from ..effects import reusing_live_resources
 from ..effects import EffectRequest, Effect, GatherRequest, SleepRequest, SpawnRequest, WaitRequest, lookup
 from ..store import Completion
@@ -87,7 +87,7 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
         if found is not None:
             outcome, completion = found
         elif logged.retry:
-            d.store.add_event(d.run_id, "retried", {"effect": effect.name, "key": key,
+            d.store.add_event(d.run_id, "retried", {"effect": effect.public_name, "key": key,
                                                     "attempt": logged.attempt + 1},
                               epoch=d.epoch)
             outcome, completion = d.attempts.run_attempts(
@@ -136,7 +136,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
     subs = request.requests
     effects = [_effect(r.name) for r in subs]
     outcomes: list[Resumption | None] = [None] * len(subs)
-    todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int]] = []
+    todo: list[tuple[int, Effect, tuple[Any, ...], dict[str, Any], bytes, str, int, int]] = []  # (..., attempt, its attempts that raised so far)
 
     def answered(i: int, found: tuple[Resumption, Completion] | None) -> bool:
         """A verify probe found call ``i``'s effect: its outcome, journaled."""
@@ -170,7 +170,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
                     continue
             elif answered(i, d.attempts.probe(eff, logged, args, kwargs)):  # in flight: in doubt
                 continue
-            todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1))
+            todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1, logged.failures))
         else:
             blob = _dump_args(d, eff, req)
             issued = True
@@ -178,7 +178,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
                 continue
             with reusing_live_resources():  # the recorded copy, as in Attempts.run_attempts
                 args, kwargs = load_payload(blob)
-            todo.append((i, eff, args, kwargs, blob, key, 1))
+            todo.append((i, eff, args, kwargs, blob, key, 1, 0))
     if issued:
         d.past_the_journal()
     round_ = todo
@@ -186,16 +186,16 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
     while round_:  # each round: the calls' attempts, concurrently; then the failed ones again
         seqs = [
             d.store.append_intent(
-                d.run_id, d.epoch, eff.name, blob, idempotency_key=key, attempt=attempt
+                d.run_id, d.epoch, eff.public_name, blob, idempotency_key=key, attempt=attempt
             )
-            for (_i, eff, _a, _k, blob, key, attempt) in round_
+            for (_i, eff, _a, _k, blob, key, attempt, _f) in round_
         ]
 
         async def all_of(calls: list[Any]) -> list[Any]:
             import asyncio
 
             return await asyncio.gather(
-                *(d.attempts.invoke(eff, a, k, key, att) for (_i, eff, a, k, _b, key, att) in calls),
+                *(d.attempts.invoke(eff, a, k, key, att) for (_i, eff, a, k, _b, key, att, _f) in calls),
                 return_exceptions=True,
             )
 
@@ -205,7 +205,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
         duration = time.perf_counter() - t0
         stopped = next((r for r in results if isinstance(r, Parked)), None)
         again = []
-        for (i, eff, _a, _k, blob, key, attempt), seq, res in zip(round_, seqs, results):
+        for (i, eff, _a, _k, blob, key, attempt, failed), seq, res in zip(round_, seqs, results):
             if isinstance(res, Parked):  # never started: its intent stays open (in doubt)
                 continue
             outcome: Resumption = ("throw", res) if isinstance(res, Exception) else ("send", res)
@@ -213,16 +213,16 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             d.store.append_completion(d.run_id, d.epoch, record)
             outcome = as_recorded(outcome, record.result)
             d.effects += 1
-            if outcome[0] == "throw" and attempt <= eff.retries:  # as a single call retries
+            if outcome[0] == "throw" and failed + 1 <= eff.retries:  # as a single call retries
                 with reusing_live_resources():  # a fresh copy of the recorded arguments
                     args, kwargs = load_payload(blob)
-                again.append((i, eff, args, kwargs, blob, key, attempt + 1))
+                again.append((i, eff, args, kwargs, blob, key, attempt + 1, failed + 1))
             else:
                 outcomes[i] = outcome
         if stopped is not None:
             raise stopped
-        if again and STOP.wait(max(_backoff(eff.retry_delay, attempt - 2)
-                                   for (_i, eff, _a, _k, _b, _key, attempt) in again)):
+        if again and STOP.wait(max(_backoff(eff.retry_delay, failed - 1)
+                                   for (_i, eff, _a, _k, _b, _key, _attempt, failed) in again)):
             raise Parked("stopped", {"reason": "SIGTERM"})  # resumed, the retries run then
         round_ = again
     values = []
@@ -243,7 +243,7 @@ def _dump_args(d: Driver, effect: Effect, request: EffectRequest) -> bytes:
     try:
         return dump_payload((request.args, request.kwargs))
     except errors.CaptureError as exc:
-        message = f"the arguments of effect {effect.name!r} cannot be journaled: {exc}"
+        message = f"the arguments of effect {effect.public_name!r} cannot be journaled: {exc}"
         method = getattr(effect.fn, "__name__", "")
         if request.args and any(vars(k).get(method) is effect for k in type(request.args[0]).__mro__):
             message += (
@@ -256,6 +256,18 @@ def _dump_args(d: Driver, effect: Effect, request: EffectRequest) -> bytes:
 
 
 def _effect(name: str) -> Effect:
+    """The effect registered under ``name``.  A name read from the journal is the project's
+    (``agent:step``); a run on its recorded code calls the effect of its pinned module
+    (``__tcc_pinned_<hex>_agent:step``), which the process's module resolver names."""
+    resolve = process_modules()
+    module, sep, qualname = name.partition(":")
+    if resolve is not None and sep:
+        pinned = resolve(module)
+        if pinned is not None and pinned.__name__ != module:
+            try:
+                return lookup(f"{pinned.__name__}:{qualname}")
+            except LookupError:
+                pass
     try:
         return lookup(name)
     except LookupError as exc:
