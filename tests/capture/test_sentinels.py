@@ -77,3 +77,36 @@ def test_the_restricted_loader_names_a_sentinel_without_importing(library) -> No
 def test_openai_not_given_keeps_its_identity() -> None:
     openai = pytest.importorskip("openai")
     assert tcc.loads(tcc.dumps({"temperature": openai.NOT_GIVEN}))["temperature"] is openai.NOT_GIVEN
+
+
+class Tool:
+    """Hashed by its name, and a key of a dict that it refers back to: pickling rebuilds the
+    dict's keys before their attributes are set."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.registry: dict[Tool, int] = {}
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+def test_a_snapshot_a_class_cannot_rebuild_says_why_and_what_to_do() -> None:
+    tool = Tool("search")
+    tool.registry[tool] = 1
+    blob = tcc.dumps(tool)
+    with pytest.raises(errors.CorruptSnapshotError, match="could not be rebuilt: AttributeError") as info:
+        tcc.loads(blob)
+    assert "reference cycle" in str(info.value) and "__hash__" in str(info.value)
+
+
+def test_a_class_that_is_gone_is_named(tmp_path, monkeypatch) -> None:
+    name = f"gone_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text("class Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    blob = tcc.dumps(module.Thing())
+    del module.Thing
+    with pytest.raises(errors.IncompatibleSnapshotError, match=rf"refers to {name}\.Thing, which cannot be found"):
+        tcc.loads(blob)
+    sys.modules.pop(name, None)

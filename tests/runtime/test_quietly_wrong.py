@@ -747,3 +747,17 @@ def test_tcc_run_names_working_directory_stream_and_environment_changes(tmp_path
         "process_state_more_agent.py:27 sets sys.stdout",
         "process_state_more_agent.py:28 calls os.chdir()",
     ], proc.stderr
+
+
+def test_an_effect_knows_its_tenant_to_scope_its_idempotency_key(tmp_path):
+    """Keys are RUN_ID:N, unique within a store and tenant: two tenants' runs of one id send
+    the same key.  An effect that shares an idempotent API across tenants reads its tenant
+    from tcc.current() and puts it in the key (README, "Effect semantics")."""
+    script = tmp_path / "pay.py"
+    script.write_text("import tcc\n\n@tcc.effect\ndef charge():\n    c = tcc.current()\n"
+                      "    return [c.tenant, c.idempotency_key]\n\n"
+                      "async def main():\n    return await charge()\n")
+    cli = Cli(tmp_path)
+    acme = _result(cli.run("run", "--json", "--tenant", "acme", "--run-id", "nightly-7", str(script)))
+    globex = _result(cli.run("run", "--json", "--tenant", "globex", "--run-id", "nightly-7", str(script)))
+    assert acme == ["acme", "nightly-7:1"] and globex == ["globex", "nightly-7:1"]

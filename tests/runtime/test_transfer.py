@@ -296,3 +296,19 @@ def test_an_import_killed_midway_leaves_runs_nothing_resumes_and_a_new_import_re
     assert b.show("job")["status"] == "completed"
     assert b.show("job")["result"] == a.show("job")["result"]
     assert ledger.read_text().splitlines() == lines
+
+
+def test_run_id_renames_a_run_parked_at_a_wait_and_the_signal_reaches_it(tmp_path):
+    """A wait (or sleep) the run is parked at is an open marker, not a call the outside world
+    saw: --run-id imports such a run (it was refused as "a call in flight")."""
+    key = _key(tmp_path)
+    src = Cli(tmp_path / "a")
+    src.run("run", "--run-id", "w", f"{WAIT}:gated", check=True)  # parks at its approval
+    src.run("export", "w", "-o", str(tmp_path / "w.tccx"), "--transfer-key", key, check=True)
+    dst = Cli(tmp_path / "b")
+    got = json.loads(dst.run("import", "--json", "--run-id", "w2", str(tmp_path / "w.tccx"),
+                             "--transfer-key", key, check=True).stdout)
+    assert got["id"] == "w2" and got["status"] == "waiting"
+    dst.run("approve", "w2", check=True)
+    done = json.loads(dst.run("resume", "--json", "w2", check=True).stdout)
+    assert done["result"] == ["did prepare", True, "did deploy"]

@@ -300,3 +300,76 @@ def test_show_says_when_a_running_runs_owner_is_gone(tmp_path: Path) -> None:
     assert (dead["status"], dead["owner_alive"]) == ("running", False)
     text = cli.run("show", "g", check=True).stdout
     assert f"owner {dead['owner']}  (gone: `tcc resume` or a worker takes the run over)" in text
+
+
+def test_the_worker_says_no_retry_is_coming_for_a_run_that_ended_failed(tmp_path):
+    """A resume that exits 1 because its run failed for good is not retried, and the log says
+    so (it promised "next try in 1 s")."""
+    from tcc.runtime import Worker
+    from tcc.store import open_store
+
+    logs: list[str] = []
+    with open_store(str(tmp_path / "store")) as store:
+        run = store.create_run("agent.py:main", b"[]", lease=0.001)
+        time.sleep(0.05)
+        store.claim_run(run.run_id, steal=True)
+        ended = store.get_run(run.run_id)
+        store.set_status(run.run_id, ended.epoch, "failed", error=b'{"type": "ValueError"}')
+        worker = Worker(store, poll=0.01, command=[sys.executable, "-c", "import sys; sys.exit(1)"],
+                        log=logs.append)
+        worker.children[run.run_id] = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"])
+        worker.children[run.run_id].wait()
+        worker.tick()
+        said = [m for m in logs if "exited with 1" in m]
+        assert said and "the run is failed; the worker leaves it" in said[0] and "next try" not in said[0]
+        assert run.run_id not in worker.backoff
+
+
+def test_the_worker_relays_a_resumes_warnings(tmp_path):
+    """A `tcc resume` the worker starts may say `tcc: warning: ...` and succeed: the worker's
+    log shows it (it read the child's stderr only on a failure)."""
+    cli = Cli(tmp_path)
+    script = tmp_path / "w.py"
+    script.write_text("import warnings\nimport tcc\n\n@tcc.effect\ndef step(i):\n    return i\n\n"
+                      "async def main():\n    await step(1)\n"
+                      "    warnings.warn('tcc: warning: ' + 'x', UserWarning)\n"
+                      "    import sys\n    print('tcc: warning: run says hello', file=sys.stderr)\n"
+                      "    return await step(2)\n")
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="1")
+    assert killer.run("run", "--run-id", "r", "--lease", "1", str(script)).returncode == -9
+    time.sleep(1.2)  # the lease ran out (the owner's pid is gone too)
+    proc = cli.run("worker", "--once", check=True)
+    assert "worker: run r: warning: run says hello" in proc.stderr, proc.stderr
+
+
+def test_the_worker_stops_its_own_hung_resume_and_takes_the_run_over(tmp_path):
+    """A resume this worker started that stops renewing its lease (SIGSTOPped here; stuck
+    where its heartbeat cannot run, in general) is killed once the lease has run out, and
+    the run is resumed again; a single worker used to leave it for ever, since it never
+    claims its own children's runs."""
+    import json
+    import os
+    import signal
+
+    ledger = tmp_path / "ledger.txt"
+    cli = Cli(tmp_path, LEDGER=str(ledger), DELAY="0.3", STEPS="8")
+    cli.run("submit", "--run-id", "h", LEDGER_AGENT, check=True)
+    worker = cli.popen("worker", "--poll", "0.2", "--lease", "2")
+    try:
+        deadline = time.monotonic() + 60
+        while not (ledger.exists() and ledger.read_text().count("\n") >= 2):
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.05)
+        child = cli.show("h")["owner"].rpartition(":")[2]
+        os.kill(int(child), signal.SIGSTOP)
+        while cli.show("h")["status"] != "completed":
+            assert time.monotonic() < deadline + 60 and worker.poll() is None
+            time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=60)
+    assert f"its resume (pid {child}) has not renewed its lease" in err, err
+    assert json.loads(cli.run("show", "--json", "h", check=True).stdout)["result"] == \
+        json.loads(Cli(tmp_path / "ref", LEDGER=str(tmp_path / "ref.txt"), STEPS="8").run(
+            "run", "--json", LEDGER_AGENT, check=True).stdout)["result"]

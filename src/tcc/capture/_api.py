@@ -240,12 +240,16 @@ class _Loader(pickle.Unpickler):
         return self._lists(pid)
 
     def find_class(self, module: str, name: str) -> Any:
-        if not _records.resolving() and not module.startswith(_records.PINNED_PREFIX):
-            return super().find_class(module, name)
-        obj: Any = _records.import_module(module)  # pinned code: the resolver's module
-        for part in name.split("."):
-            obj = getattr(obj, part)  # AttributeError: said as "cannot be found here"
-        return obj
+        try:
+            if not _records.resolving() and not module.startswith(_records.PINNED_PREFIX):
+                return super().find_class(module, name)
+            obj: Any = _records.import_module(module)  # pinned code: the resolver's module
+            for part in name.split("."):
+                obj = getattr(obj, part)
+            return obj
+        except (ImportError, AttributeError) as exc:
+            raise errors.IncompatibleSnapshotError(
+                f"snapshot refers to {module}.{name}, which cannot be found here: {exc}") from exc
 
 
 def load_payload(payload: bytes, *, edit: Any = None, modules: Any = None,
@@ -275,13 +279,22 @@ def load_payload(payload: bytes, *, edit: Any = None, modules: Any = None,
                 obj = _Loader(io.BytesIO(payload)).load()
         except errors.TccError:
             raise
-        except (ImportError, AttributeError) as exc:
+        except ImportError as exc:
             raise errors.IncompatibleSnapshotError(
                 f"snapshot refers to something that cannot be found here: {exc}"
             ) from exc
-        except Exception as exc:  # noqa: BLE001 - anything else means damage
+        except (pickle.UnpicklingError, EOFError, MemoryError) as exc:  # damage
             raise errors.CorruptSnapshotError(
                 f"snapshot does not unpickle: {type(exc).__name__}: {exc}"
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - raised by a class's own code while it was rebuilt
+            raise errors.CorruptSnapshotError(
+                f"snapshot could not be rebuilt: {type(exc).__name__}: {exc}, raised while it was "
+                "loaded by the code of a class in it (its __hash__, __eq__, __setstate__, "
+                "__getattr__ or __new__). Most often an object that is a dict key or set member "
+                "and also reachable from its own attributes (a reference cycle): pickling "
+                "rebuilds it before its attributes are set. Keep such objects in a list, or key "
+                "the dict by a plain value (obj.name)"
             ) from exc
         if edit is not None:
             edit(obj, _records.LOAD.pending)

@@ -21,6 +21,9 @@ class Current:
     effect: str | None = None
     idempotency_key: str | None = None
     attempt: int = 0
+    # the store tenant the run belongs to: a key (``RUN_ID:N``) is unique within one store
+    # and tenant, so an API several tenants share should see both
+    tenant: str = "default"
 
 
 _CURRENT: contextvars.ContextVar[Current | None] = contextvars.ContextVar("tcc_current", default=None)

@@ -309,7 +309,7 @@ class Attempts:
         every call (~0.2 ms a step).  An effect without a timeout never has stuck threads;
         the loop is not running, so the call may run one of its own (``asyncio.run``).
         The calls of a ``tcc.gather`` still run in threads, side by side."""
-        token = set_current(Current(self.run_id, effect.public_name, key, attempt))
+        token = set_current(Current(self.run_id, effect.public_name, key, attempt, self.store.tenant))
         try:
             return contextvars.copy_context().run(fn, *args, **kwargs)
         except StopIteration as exc:
@@ -331,7 +331,7 @@ class Attempts:
         import asyncio
 
         fn = fn or effect.fn
-        token = set_current(Current(self.run_id, effect.public_name, key, attempt))
+        token = set_current(Current(self.run_id, effect.public_name, key, attempt, self.store.tenant))
         try:
             if is_async(fn):
                 if effect.timeout is None:

@@ -96,6 +96,7 @@ import zstandard
 from .. import _version, errors
 from ..store import (HOST, PARKED_STATUSES, Completion, JournalRecord, RunInfo, Store, check_name,
                      read_secret_file, redact_url, write_key_file)
+from ._markers import SLEEP_EFFECT, WAIT_EFFECT
 from ._pinning import CODE_EVENT
 from ._views import owner_alive
 
@@ -453,12 +454,15 @@ def _renames(doc: dict[str, Any], run_id: str | None) -> dict[str, str]:
 
 
 def _open_intents(journal: list[dict[str, Any]]) -> list[str]:
+    """The calls in flight (issued, no outcome) that the outside world may have seen: a
+    wait or a sleep the run is parked at is not one (nothing outside the run sees its key)."""
     done = {r["intent_seq"] for r in journal if r["kind"] == "completion"}
     latest: dict[str, dict[str, Any]] = {}
     for r in journal:
         if r["kind"] == "intent":
             latest[r["idempotency_key"] or f"seq:{r['seq']}"] = r
-    return [f"{r['name']} ({key})" for key, r in latest.items() if r["seq"] not in done]
+    return [f"{r['name']} ({key})" for key, r in latest.items()
+            if r["seq"] not in done and r["name"] not in (WAIT_EFFECT, SLEEP_EFFECT)]
 
 
 def _rename_key(key: str | None, renames: Mapping[str, str]) -> str | None:
@@ -535,8 +539,9 @@ def import_run(store: Store, path: str | os.PathLike[str], *, key: bytes,
         if not isinstance(exc, errors.TccError) or not created:
             raise
         done = (f"; the runs it had created ({', '.join(created)}) were deleted again" if not left else
-                f"; the runs {', '.join(left)} it had created could not be deleted: delete or "
-                "cancel them")
+                f"; the runs {', '.join(left)} it had created could not be deleted: they stay "
+                "in status `importing`, which nothing resumes; import the file again (that "
+                "replaces them), or `tcc cancel` them")
         raise type(exc)(f"import of {where} failed: {exc}{done}") from exc
     root = renames[doc["root"]]
     return Imported(root, doc["root"], dict(renames), store.get_run(root).status)

@@ -227,7 +227,8 @@ def run_detail(store: Store, run_id: str, *, calls: int | None, show_value: Show
         "created": run.created,
         "updated": run.updated,
         "waits": pending_waits(store, run_id),
-        "children": [dict(e.data)["child"] for e in events if e.kind == "spawned"],
+        # (once each: an import interrupted and made again leaves the first one's events)
+        "children": list(dict.fromkeys(dict(e.data)["child"] for e in events if e.kind == "spawned")),
         "parent": next((dict(e.data).get("parent") for e in events if e.kind == "started"), None),
         "snapshots": [{"number": s.number, "journal": s.journal_len, "bytes": s.size}
                       if not s.damaged else {"number": s.number, "damaged": True} for s in snapshots],

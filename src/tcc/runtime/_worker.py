@@ -52,6 +52,7 @@ HANDOVER_LEASE = 10.0
 # A run whose code changed under the refuse policy is looked at again this often (it is
 # said once; meanwhile it is not fetched with the due runs, so it cannot crowd them out).
 UNDECIDED_RECHECK = 60.0
+HUNG_CHECK = 2.0  # seconds between two looks at one child's lease
 
 
 def pending_waits(store: Store, run_id: str) -> list[dict[str, Any]]:
@@ -251,6 +252,7 @@ class Worker:
         self.damaged: set[str] = set()  # runs whose record failed verification (said once)
         # runs whose code changed under refuse (said once) -> when that was last looked at
         self.waiting_decision: dict[str, float] = {}
+        self.hung_checked: dict[str, float] = {}  # run id -> when its child was last looked at
         # forks nobody started (run id -> when seen): not fetched again for a while
         self.unstarted_forks: dict[str, float] = {}
         self.stopping = False
@@ -259,19 +261,31 @@ class Worker:
         self.stopping = True
 
     def _finished(self, run_id: str, code: int) -> None:
-        """Log a child's exit; a failure with the last line it wrote to stderr."""
+        """Log a child's exit (a failure with the last line it wrote to stderr), and the
+        warnings and notes it wrote (`tcc: warning: ...`: what a resume says only there)."""
         err = self.errs.pop(run_id, None)
         why = ""
         if err is not None:
-            if code != 0:
-                err.seek(0)
-                lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
-                if lines:
-                    why = f": {lines[-1].strip()[:300]}"
+            err.seek(0)
+            lines = [ln.strip() for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
             err.close()
+            for line in lines:
+                if line.startswith(("tcc: warning:", "tcc: note:")):
+                    self.log(f"worker: run {run_id}: {line[len('tcc: '):][:1000]}")
+            if code != 0 and lines:
+                why = f": {lines[-1][:300]}"
         if code == 0:
             self.backoff.pop(run_id, None)
             self.log(f"worker: run {run_id} exited with {code}{why}")
+            return
+        try:
+            status = self.store.get_run(run_id).status
+        except Exception:  # noqa: BLE001 - unknown: treated as still live
+            status = "running"
+        if status not in LIVE_STATUSES:  # failed, cancelled...: nothing to try again
+            self.backoff.pop(run_id, None)
+            self.log(f"worker: run {run_id} exited with {code}{why} (the run is {status}; the "
+                     "worker leaves it)")
             return
         failures = self.backoff.get(run_id, (0, 0.0))[0] + 1
         delay = min(BACKOFF_MAX, max(self.poll, 1.0) * 2 ** min(failures - 1, 16))
@@ -279,7 +293,28 @@ class Worker:
         self.log(f"worker: run {run_id} exited with {code}{why} (failure {failures} in a row; "
                  f"next try in {delay:.0f} s at the earliest)")
 
+    def _stop_hung(self) -> None:
+        """A resume this worker started whose run's lease ran out is hung (stopped, or stuck
+        where its heartbeat cannot run): another worker would take the run over, but this
+        one never claims its own children's runs.  Kill it; the run is then taken up as any
+        run whose owner died (the lease makes that safe: the child is fenced anyway)."""
+        now = time.time()
+        for run_id, proc in list(self.children.items()):
+            if proc.poll() is not None or now - self.hung_checked.get(run_id, 0.0) < HUNG_CHECK:
+                continue
+            self.hung_checked[run_id] = now
+            try:
+                run = self.store.get_run(run_id)
+            except Exception:  # noqa: BLE001 - read again at the next check
+                continue
+            if run.status == "running" and run.owner_host == HOST and run.owner_pid == proc.pid \
+                    and run.lease_expiry < now:
+                self.log(f"worker: run {run_id}: its resume (pid {proc.pid}) has not renewed its "
+                         f"lease for {now - run.lease_expiry:.0f} s; stopping it (SIGKILL)")
+                proc.kill()
+
     def _reap(self) -> None:
+        self._stop_hung()
         for run_id, proc in list(self.children.items()):
             code = proc.poll()
             if code is not None:
