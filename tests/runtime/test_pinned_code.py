@@ -553,3 +553,24 @@ def test_effect_names_are_the_projects_on_the_recorded_code_too(tmp_path):
     (script.parent / "helpers.py").write_text("def shape(v):\n    return str(v)\n")  # edited
     assert _result(cli.run("resume", "--json", "n")) == reference  # on the recorded helpers
     assert {c["name"] for c in cli.show("n")["calls"]} == {"__tcc_script_agent:slow"}
+
+
+def test_the_upgrade_policy_moves_a_run_killed_in_a_call_after_its_next_snapshot(tmp_path):
+    """Under --on-code-change upgrade, a run killed inside a call that follows its newest
+    snapshot could not be upgraded (the call belongs to the old code's frame), and every
+    resume, and every worker attempt, failed for ever.  It now continues on its recorded
+    code until its next snapshot, then moves onto the current code, in one `tcc resume`."""
+    script = _in_flight_project(tmp_path)
+    cli = Cli(tmp_path, KILL_IN="2", MARK=str(tmp_path / "mark"))
+    proc = cli.run("run", "--run-id", "u", "--on-code-change", "upgrade", str(script), "4")
+    assert proc.returncode == -9, proc.stderr
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    proc = cli.run("resume", "--json", "u")
+    # call 2 is settled on the recorded code, which snapshots at its await; everything after
+    # that snapshot runs on the current helpers (x100), as after any upgrade at that point
+    assert _result(proc) == [0, 10, "late", 200, 300]
+    assert "continues on the code it recorded until its next snapshot" in proc.stderr
+    assert "was upgraded onto the current code" in proc.stderr
+    kinds = [e["kind"] for e in cli.show("u")["events"]]
+    assert "upgraded" in kinds

@@ -124,6 +124,9 @@ class Driver:
         self.tracer = Tracer(store, run_id)
         self.effects = 0
         self.checkpoints = 0
+        # stop (parked as "stopped") once this process has taken a snapshot: a run under
+        # the upgrade policy moves onto the current code then (see runtime.resume)
+        self.stop_after_snapshot = False
         self.replayed = 0
         self.claim = Lease(store, run_id, epoch, lease)
         self.attempts = Attempts(store, run_id, epoch, self.tracer, self.claim)
@@ -174,6 +177,8 @@ class Driver:
             while True:
                 if STOP.is_set():
                     return self._parked(Parked("stopped", {"reason": "SIGTERM"}))
+                if self.stop_after_snapshot and self.checkpoints:  # (see runtime.resume)
+                    return self._parked(Parked("stopped", {"reason": "upgrade"}))
                 if resumption[0] == "request":  # resumed at a wait or a sleep
                     try:
                         resumption = self._handle(coro, resumption[1])

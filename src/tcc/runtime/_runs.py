@@ -137,24 +137,32 @@ def _entry_function(entry: str, pinned: PinnedCode) -> Any:
 
 
 def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
-               on_notice: Callable[[str], None] | None) -> tuple[str, Manifest | None]:
+               on_notice: Callable[[str], None] | None) -> tuple[str, Manifest | None, bool]:
     """``code``, or what the run's policy makes of a change of its files: ``pinned``
     (continue on the recorded code), ``current`` (refuse a changed frame; or, under the
-    ``upgrade`` policy, after moving the run onto the current code); and the run's
-    manifest if it was read (None: read it when needed)."""
+    ``upgrade`` policy, after moving the run onto the current code); the run's manifest if
+    it was read (None: read it when needed); and whether the run is to be upgraded once it
+    has taken its next snapshot on its recorded code (the upgrade policy, and a call in
+    flight at a crash after the newest snapshot, which belongs to the old code's frame)."""
     if code is not None:
-        return code, None
+        return code, None, False
     if strategy == "replay":
-        return "current", None
+        return "current", None, False
     events = store.events(run.run_id)
     policy, manifest = policy_of(events), manifest_of(events)
     if policy == "refuse" or not manifest:
-        return "current", manifest
+        return "current", manifest, False
     if policy == "pinned" or not changed_files(manifest):
-        return "pinned", manifest
+        return "pinned", manifest, False
     from ._upgrade import upgrade  # the upgrade policy: move the run first
 
     plan = upgrade(store, run.run_id)
+    if not plan.ok and plan.after_snapshot and not any(f.refusals for f in plan.frames):
+        if on_notice is not None:
+            on_notice(f"run {run.run_id} continues on the code it recorded until its next snapshot "
+                      "(a call after its newest snapshot belongs to that code), then moves onto "
+                      "the current code (its policy is --on-code-change upgrade)")
+        return "pinned", manifest, True
     if not plan.ok:
         raise errors.CodeChangedError(
             f"run {run.run_id}: its code changed and its policy is to upgrade it, but the "
@@ -163,7 +171,7 @@ def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
     if on_notice is not None:
         on_notice(f"run {run.run_id} was upgraded onto the current code (snapshot {plan.written}; "
                   "its policy is --on-code-change upgrade)")
-    return "current", None  # (the upgrade recorded the current code: read it again)
+    return "current", None, False  # (the upgrade recorded the current code: read it again)
 
 
 def _check_pinnable(run: RunInfo, strategy: str, pinned: PinnedCode) -> None:
@@ -598,7 +606,7 @@ def resume(
     strategy, _notice = effective_strategy(strategy or run.strategy)
     # Which code the run continues on (a run already on its pinned code stays on it), and
     # the usage errors of loading it, before the claim.
-    code, known = _code_mode(store, run, strategy, code, on_notice)
+    code, known, upgrade_next = _code_mode(store, run, strategy, code, on_notice)
     pinned = PinnedCode(store, run_id, known, pin=code == "pinned")
     if code == "pinned" and strategy != "replay":
         _check_pinnable(run, strategy, pinned)
@@ -674,5 +682,13 @@ def resume(
     driver = _make_driver(store, run, strategy, checkpoint_every=checkpoint_every, lease=lease,
                           progress=progress, wait_seconds=wait_seconds, verify=check,
                           modules=modules, manifest=manifest, pinned=pinned)
-    return driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed,
-                        retried=retried)
+    driver.stop_after_snapshot = upgrade_next
+    outcome = driver.drive(coro, resumption, calls=calls, replay=replay, waits=waits, resumed=crashed,
+                           retried=retried)
+    if upgrade_next and outcome.status == "stopped" and (outcome.parked or {}).get("reason") == "upgrade":
+        # its next snapshot is taken (on the recorded code): the policy moves it now
+        set_process_modules(None)
+        return resume(store, run_id, strategy=strategy, checkpoint_every=checkpoint_every,
+                      lease=lease, progress=progress, wait_seconds=wait_seconds,
+                      on_notice=on_notice)
+    return outcome

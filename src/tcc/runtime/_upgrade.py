@@ -93,6 +93,9 @@ class Plan:
     refusals: list[str] = dataclasses.field(default_factory=list)
     written: int | None = None  # the snapshot an upgrade stored
     nothing_changed: bool = False  # no suspended frame's code changed (a resume needs none)
+    # refused only because the journal has records after the snapshot (a call in flight at
+    # a crash): the run can move once it has taken its next snapshot on its recorded code
+    after_snapshot: bool = False
 
     @property
     def ok(self) -> bool:
@@ -683,7 +686,9 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
             f"run {run_id} has {store.journal_length(run_id) - info.journal_len} journal record(s) "
             f"after its newest snapshot {info.number} (a call in flight, or the hybrid strategy's "
             "calls since the snapshot): they belong to the old code's frame; let it reach its next "
-            f"snapshot on its recorded code first (`tcc resume --code pinned {run_id}`)")
+            f"snapshot on its recorded code first (`tcc resume {run_id}` under the upgrade "
+            "policy does that, then upgrades it)")
+        plan.after_snapshot = True
         return plan
     manifest = manifest_of(store.events(run_id))
     if not manifest:
