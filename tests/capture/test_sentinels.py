@@ -60,13 +60,35 @@ def test_a_sentinel_rebound_since_it_was_found_is_copied(library) -> None:
     assert tcc.loads(tcc.dumps(old)) is not old
 
 
-def test_a_sentinel_the_module_no_longer_defines_fails_the_load_naming_it(library) -> None:
-    blob = tcc.dumps(library.MISSING)
+def test_a_sentinel_the_module_no_longer_binds_loads_as_a_copy(library) -> None:
+    """Gone from its module (the code changed), or bound to an object of another class: a
+    new object of the captured class stands in, as the copy pickling by value made."""
+    blob = tcc.dumps([library.MISSING, library.EMPTY])
     del library.MISSING
-    with pytest.raises(errors.RestoreError, match=rf"{library.__name__}\.MISSING, which module"):
-        tcc.loads(blob)
+    library.EMPTY = object()
+    missing, empty = tcc.loads(blob)
+    assert type(missing) is object and type(empty) is library.Marker
     with pytest.raises(errors.CorruptSnapshotError):
         _records.module_attribute(1, "x")
+
+
+def test_a_stateless_object_the_agent_bound_during_the_run_keeps_its_class(library) -> None:
+    """A state machine that moved `cursor` from Start() to End() (classes with no state):
+    the module binds Start() after an import, and the restore must give an End (review
+    finding: it gave the import's Start)."""
+    library.cursor = library.Marker()  # what the import bound
+    blob_before = tcc.dumps(library.cursor)
+
+    class End:
+        pass
+
+    End.__module__, End.__qualname__ = library.__name__, "End"
+    library.End = End
+    library.cursor = End()  # moved on during the run
+    blob = tcc.dumps({"cursor": library.cursor})
+    library.cursor = library.Marker()  # a fresh import binds the start state again
+    assert type(tcc.loads(blob)["cursor"]) is End
+    assert type(tcc.loads(blob_before)) is library.Marker
 
 
 def test_the_restricted_loader_names_a_sentinel_without_importing(library) -> None:
@@ -108,5 +130,32 @@ def test_a_class_that_is_gone_is_named(tmp_path, monkeypatch) -> None:
     blob = tcc.dumps(module.Thing())
     del module.Thing
     with pytest.raises(errors.IncompatibleSnapshotError, match=rf"refers to {name}\.Thing, which cannot be found"):
+        tcc.loads(blob)
+    sys.modules.pop(name, None)
+
+
+def test_a_call_journaled_with_a_copied_sentinel_is_the_same_call_as_one_naming_it(library) -> None:
+    """A journal written before sentinels were named holds a copy of `MISSING`; the code now
+    journals the name.  Replay must take them for the same arguments (a completed call
+    would otherwise be refused as a divergence after the upgrade)."""
+    from tcc.capture import dump_payload
+    from tcc.runtime._journal import _same_arguments
+
+    copied = dump_payload(((object(), library.Marker()), {}))  # bound nowhere: by value
+    named = dump_payload(((library.MISSING, library.EMPTY), {}))
+    assert copied != named and _same_arguments(copied, named)
+    assert not _same_arguments(dump_payload(((library.FULL,), {})), dump_payload(((library.EMPTY,), {})))
+
+
+def test_a_module_whose_import_raises_is_named_in_the_load_error(tmp_path, monkeypatch) -> None:
+    name = f"breaks_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text("class Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    blob = tcc.dumps(importlib.import_module(name).Thing())
+    sys.modules.pop(name, None)
+    (tmp_path / f"{name}.py").write_text("raise RuntimeError('no config')\n")
+    importlib.invalidate_caches()
+    with pytest.raises(errors.IncompatibleSnapshotError,
+                       match=rf"importing module {name} raised RuntimeError: no config"):
         tcc.loads(blob)
     sys.modules.pop(name, None)

@@ -114,3 +114,21 @@ def test_the_restricted_loader_shows_views_without_building_them() -> None:
                                                "m": memoryview(bytearray(b"abc"))[1:]})))
     assert "memoryview_of" in repr(shown["m"])
     assert "MappingProxyType" in repr(shown["p"])
+
+
+class Guarded(collections.Counter):
+    """A Counter subclass with a __reduce__ of its own, which leaves its lock out."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        import threading
+
+        self.lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Guarded, (dict(self),))
+
+
+def test_a_counter_subclass_with_its_own_reduce_is_pickled_its_way() -> None:
+    out = tcc.loads(tcc.dumps(Guarded({"a": 1})))
+    assert type(out) is Guarded and out == {"a": 1} and hasattr(out, "lock")

@@ -756,8 +756,27 @@ def test_an_effect_knows_its_tenant_to_scope_its_idempotency_key(tmp_path):
     script = tmp_path / "pay.py"
     script.write_text("import tcc\n\n@tcc.effect\ndef charge():\n    c = tcc.current()\n"
                       "    return [c.tenant, c.idempotency_key]\n\n"
-                      "async def main():\n    return await charge()\n")
+                      "async def main():\n    return [tcc.current().tenant, *await charge()]\n\n"
+                      "def sync_main():\n    return [tcc.current().tenant, *charge()]\n")
     cli = Cli(tmp_path)
     acme = _result(cli.run("run", "--json", "--tenant", "acme", "--run-id", "nightly-7", str(script)))
     globex = _result(cli.run("run", "--json", "--tenant", "globex", "--run-id", "nightly-7", str(script)))
-    assert acme == ["acme", "nightly-7:1"] and globex == ["globex", "nightly-7:1"]
+    assert acme == ["acme", "acme", "nightly-7:1"] and globex == ["globex", "globex", "nightly-7:1"]
+    plain = _result(cli.run("run", "--json", "--tenant", "acme", "--run-id", "s", f"{script}:sync_main"))
+    assert plain == ["acme", "acme", "s:1"]
+
+
+def test_a_crash_inside_the_attempt_tcc_retry_issued_does_not_use_up_its_retries(tmp_path):
+    """retries=2, an upstream down for 4 answers: the run fails after 3 attempts; `tcc retry`
+    gives the call its retries again (attempts 4 to 6), and its attempt 4 is killed.  The
+    resumed call must still have attempts 5 and 6 (it counted every failure since the call
+    began, and gave up after one)."""
+    (tmp_path / "up").mkdir()
+    script = f"{QUIET / 'retry_budget_agent.py'}:uncaught"
+    cli = Cli(tmp_path, UPSTREAM_STATE=str(tmp_path / "up"), FAILS="4")
+    failed = cli.run("run", "--json", "--run-id", "t", script)
+    assert failed.returncode == 1 and json.loads(failed.stdout)["status"] == "failed"
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, CRASH_ONCE=str(tmp_path / "crashed"))
+    assert killer.run("retry", "t").returncode == -9  # killed inside attempt 4
+    assert _result(cli.run("resume", "--json", "t")) == "ok charge-43"

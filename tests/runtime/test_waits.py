@@ -319,3 +319,19 @@ def test_a_signal_sent_after_the_deadline_of_a_crashed_wait_goes_to_the_next_wai
     cli.run("signal", "early", "note", "--value", "8", check=True)
     done = json.loads(cli.run("resume", "--json", "early", check=True).stdout)
     assert done["result"] == [6, 8]
+
+
+def test_an_approval_whose_timeout_passed_is_refused(tmp_path):
+    """`tcc approve` after an approval's deadline is refused, as a late signal is never the
+    timed-out wait's: a run resumed later gets TimeoutError, as it would have running."""
+    script = tmp_path / "a.py"
+    script.write_text("import tcc\nasync def main():\n    try:\n"
+                      "        return await tcc.approval('ship?', timeout=0.5)\n"
+                      "    except TimeoutError:\n        return 'timed out'\n")
+    cli = Cli(tmp_path)
+    cli.run("run", "--run-id", "a", str(script), check=True)  # parks at the approval
+    time.sleep(0.7)
+    late = cli.run("approve", "a")
+    assert late.returncode == 2 and "timed out at" in late.stderr, late.stderr
+    done = json.loads(cli.run("resume", "--json", "a", check=True).stdout)
+    assert done["result"] == "timed out"

@@ -250,6 +250,12 @@ class _Loader(pickle.Unpickler):
         except (ImportError, AttributeError) as exc:
             raise errors.IncompatibleSnapshotError(
                 f"snapshot refers to {module}.{name}, which cannot be found here: {exc}") from exc
+        except errors.TccError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the module's import itself raised
+            raise errors.IncompatibleSnapshotError(
+                f"snapshot refers to {module}.{name}, and importing module {module} raised "
+                f"{type(exc).__name__}: {exc}") from exc
 
 
 def load_payload(payload: bytes, *, edit: Any = None, modules: Any = None,

@@ -589,8 +589,12 @@ def _reduce_memoryview(pickler: Pickler, view: memoryview) -> Any:
             raise ValueError("not a contiguous window of its object's buffer")
         _records.memoryview_of(exporter, offset, view.nbytes, fmt, shape, view.readonly)  # it must load
     except (ValueError, TypeError) as exc:
+        why = str(exc).replace("malformed memoryview in the snapshot", "it cannot be rebuilt") \
+            if isinstance(exc, errors.CorruptSnapshotError) else str(exc)
+        if offset is None and not _frames.available():
+            why = "finding its place needs tcc._native, which is not available here"
         raise errors.CaptureError(
-            f"a memoryview of a {type(exporter).__name__} cannot be captured ({exc}); hold "
+            f"a memoryview of a {type(exporter).__name__} cannot be captured ({why}); hold "
             "the object itself, or its bytes (bytes(view))") from None
     return (_records.memoryview_of, (exporter, offset, view.nbytes, fmt, shape, view.readonly))
 
@@ -608,7 +612,7 @@ def _reduce_maybe_sentinel(pickler: Pickler, obj: Any) -> Any:
     found = _singletons.home(obj)
     if found is None:
         return NotImplemented
-    return (_records.module_attribute, found)
+    return (_records.module_attribute, (*found, type(obj)))
 
 
 def _reduce_traceback(pickler: Pickler, tb: types.TracebackType) -> Any:
@@ -747,7 +751,9 @@ def _classify(t: type) -> Callable[[Pickler, Any], Any] | None:
         return refusal
     if issubclass(t, BaseException):
         return _reduce_exception
-    if issubclass(t, (collections.Counter, collections.defaultdict)):
+    if issubclass(t, (collections.Counter, collections.defaultdict)) \
+            and t.__reduce__ in (collections.Counter.__reduce__, collections.defaultdict.__reduce__) \
+            and t.__reduce_ex__ is object.__reduce_ex__:  # (a subclass's own reduce is its own say)
         return _reduce_keeping_state
     if _singletons.stateless_type(t):
         return _reduce_maybe_sentinel

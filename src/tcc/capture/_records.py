@@ -117,23 +117,28 @@ def import_module(name: str) -> types.ModuleType:
     return importlib.import_module(name)
 
 
-def module_attribute(module_name: Any, name: Any) -> Any:
+def module_attribute(module_name: Any, name: Any, cls: Any = None) -> Any:
     """Attribute ``name`` of module ``module_name`` as this process's import binds it: a
-    sentinel a snapshot names instead of copying (``tcc.capture._singletons``)."""
-    if type(module_name) is not str or type(name) is not str:
+    sentinel a snapshot names instead of copying (``tcc.capture._singletons``).  ``cls``:
+    its class when it was captured.  Where the module binds no object of that class there
+    now (it bound the name to it during the run, not at import; or the code changed), a
+    new object of the class stands in, as a copy of the stateless object (what pickling
+    by value gave)."""
+    if type(module_name) is not str or type(name) is not str or (cls is not None and not isinstance(cls, type)):
         raise errors.CorruptSnapshotError("malformed module attribute in the snapshot")
     try:
-        module = import_module(module_name)
-    except ImportError as exc:
-        raise errors.RestoreError(
-            f"snapshot refers to {module_name}.{name}, and module {module_name} cannot be "
-            f"imported here ({exc})") from None
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise errors.RestoreError(
-            f"snapshot refers to {module_name}.{name}, which module {module_name} no longer "
-            "defines (the code changed since the snapshot)") from None
+        value = getattr(import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        if cls is None:
+            raise errors.RestoreError(
+                f"snapshot refers to {module_name}.{name}, which cannot be found here ({exc})") from None
+        value = _MISSING_VALUE
+    if cls is None or type(value) is cls:
+        return value
+    return object() if cls is object else cls.__new__(cls)
+
+
+_MISSING_VALUE = object()
 
 
 def _where(code: types.CodeType) -> str:

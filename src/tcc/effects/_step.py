@@ -14,14 +14,15 @@ from . import _context
 from ._effect import track_requests, untrack_requests
 
 
-def step_agent(agent: Any, resumption: tuple[str, Any], run_id: str, made: list[Any] | None = None) -> Any:
+def step_agent(agent: Any, resumption: tuple[str, Any], run_id: str, made: list[Any] | None = None,
+               tenant: str = "default") -> Any:
     """Send ``resumption`` -- ``("send", value)`` or ``("throw", exception)`` -- into ``agent``
     (a coroutine, or a ``tcc.runtime.GreenletTask``) as run ``run_id``; return the request
     it yields next.  StopIteration when the agent returns, its exception when it raises.
 
     The requests the agent makes meanwhile are appended to ``made`` (None: not collected).
     """
-    token = _context.set_current(_context.Current(run_id))
+    token = _context.set_current(_context.Current(run_id, tenant=tenant))
     tracked = track_requests(made)
     try:
         if resumption[0] == "throw":

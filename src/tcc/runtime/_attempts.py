@@ -51,21 +51,22 @@ class Intent:
     attempt: int
 
 
-def should_retry(effect: Effect, logged: LoggedCall) -> bool:
+def should_retry(effect: Effect, logged: LoggedCall, since: int = 1) -> bool:
     """A journaled call that failed with retries of ``effect`` left runs again on resume.
     Retries are counted by the attempts that raised: one a crash interrupted (re-issued,
-    in doubt) used none."""
+    in doubt) used none.  ``since``: the attempt a `tcc retry` issued (see
+    :meth:`LoggedCall.failures`)."""
     return (
         logged.outcome is not None
         and logged.outcome[0] == "throw"
-        and logged.failures <= effect.retries
+        and logged.failures(since) <= effect.retries
     )
 
 
-def last_attempt(effect: Effect, logged: LoggedCall) -> int:
+def last_attempt(effect: Effect, logged: LoggedCall, since: int = 1) -> int:
     """The number of the last attempt a resumed call may make: its retries not yet used by
     an attempt that raised, after the attempts already journaled."""
-    return logged.attempt + effect.retries + 1 - logged.failures
+    return logged.attempt + effect.retries + 1 - logged.failures(since)
 
 
 def _backoff(delay: float, retry: int) -> float:
@@ -228,7 +229,7 @@ class Attempts:
                 raise Parked("stopped", {"reason": "SIGTERM"})  # resumed, the retry runs then
             attempt += 1
 
-    def reissue(self, effect: Effect, logged: LoggedCall) -> tuple[Resumption, Completion]:
+    def reissue(self, effect: Effect, logged: LoggedCall, since: int = 1) -> tuple[Resumption, Completion]:
         """A call that was in flight at a crash: verify, or run again as recorded.  Also a
         call whose last attempt failed with retries left: its next attempt runs."""
         if logged.outcome is None:
@@ -237,7 +238,7 @@ class Attempts:
             if found is not None:
                 return found
         return self.run_attempts(effect, logged.args, logged.key, logged.attempt + 1,
-                                 last=last_attempt(effect, logged))
+                                 last=last_attempt(effect, logged, since))
 
     def probe_unrecorded(self, effect: Effect, args_blob: bytes, key: str,
                          attempt: int) -> tuple[Resumption, Completion] | None:

@@ -250,7 +250,7 @@ class Driver:
 
     def _step(self, coro: Any, resumption: Resumption, made: list[Any] | None = None) -> Any:
         """Send ``resumption`` into ``coro``; the requests the agent makes meanwhile go to ``made``."""
-        return step_agent(coro, resumption, self.run_id, made)
+        return step_agent(coro, resumption, self.run_id, made, self.store.tenant)
 
     def _handle(self, coro: Any, request: Any) -> Resumption:
         if isinstance(request, _JOURNALED):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 from .. import errors
 from ..capture import dump_payload, load_payload, project_name
+from ..capture._singletons import stateless_type
 from ..effects import Resource
 from ..store import Completion, JournalRecord
 from ._state import Resumption
@@ -36,8 +37,13 @@ class LoggedCall:
     retry: bool = False  # `tcc retry`: issue this failed call again, as a new attempt
     # ... whose intent a crash of the store's server may have taken: ask the probe first
     unrecorded: bool = False
-    # attempts that raised (an attempt a crash interrupted is not one: it uses no retry)
-    failures: int = 0
+    # the attempts that raised (an attempt a crash interrupted is not one: it uses no retry)
+    failed: list[int] = dataclasses.field(default_factory=list)
+
+    def failures(self, since: int = 1) -> int:
+        """How many of its attempts numbered ``since`` or later raised (``since``: the
+        attempt a `tcc retry` issued, from which the call has its retries again)."""
+        return sum(1 for attempt in self.failed if attempt >= since)
 
     @property
     def in_flight(self) -> bool:
@@ -63,7 +69,7 @@ def logged_calls(records: Iterable[JournalRecord]) -> list[LoggedCall]:
             if call is not None and call.intent_seq == rec.intent_seq:
                 call.outcome = recorded_resumption(rec)
                 if call.outcome[0] == "throw":
-                    call.failures += 1
+                    call.failed.append(call.attempt)
     return list(calls.values())
 
 
@@ -257,4 +263,16 @@ def _equivalent(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
         if getattr(type(a), "__eq__", None) is not object.__eq__ and bool(a == b):
             return True
         return _equivalent(state_a, state_b, seen)
+    plain_eq: bool = getattr(type(a), "__eq__", None) is object.__eq__
+    if plain_eq and stateless_type(type(a)) and _stateless(a) and _stateless(b):
+        # two objects of one class with no state: a bare object() sentinel journaled as a
+        # copy (by tcc before sentinels were named) and the module's own one now
+        return True
     return bool(a == b)
+
+
+def _stateless(obj: Any) -> bool:
+    try:
+        return obj.__getstate__() is None
+    except Exception:  # noqa: BLE001 - no answer: not known to be stateless
+        return False

@@ -9,14 +9,19 @@ arguments and print what these functions return.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import time
 from typing import Any, Callable, Sequence
 
 from .. import errors
 from ..effects import check_signal_name
 from ..store import LIVE_STATUSES, RunInfo, Store
 from . import _scripts
+from ..capture import load_payload
 from ._driver import Outcome
+from ._journal import logged_calls
+from ._markers import WAIT_EFFECT, read_wait_args
 from ._pinning import DEFAULT_POLICY
 from ._runs import (SYNC_NOTICE, Progress, _entry, check_call, effective_strategy, is_sync, resume,
                     reusable_run, send_signal, start)
@@ -112,11 +117,28 @@ def answer(store: Store, run_id: str, approved: bool, comment: str | None = None
     if not pending:
         raise errors.UsageError(f"run {run_id} has no pending approval")
     wait_id = str(pending[-1]["id"])
+    deadline = _wait_deadline(store, run_id, wait_id)
+    if deadline is not None and deadline <= time.time():  # it timed out, whether or not the
+        raise errors.UsageError(                          # run has resumed to see it yet
+            f"approval {wait_id} of run {run_id} timed out at "
+            f"{datetime.datetime.fromtimestamp(deadline).isoformat(sep=' ', timespec='seconds')}: "
+            "the run gets TimeoutError where it waits, as it would have had it been running")
     value = json.dumps({"approved": approved, "comment": comment}).encode()
     if not store.send_signal(run_id, wait_id, value):
         raise errors.UsageError(f"approval {wait_id} of run {run_id} was already answered")
     store.add_event(run_id, "approved" if approved else "rejected", {"id": wait_id, "comment": comment})
     return wait_id
+
+
+def _wait_deadline(store: Store, run_id: str, wait_id: str) -> float | None:
+    """The deadline the run's wait ``wait_id`` journaled (``tcc.wait_for``/``tcc.approval``
+    with a timeout), if any."""
+    for call in logged_calls(store.journal(run_id)):
+        if call.name == WAIT_EFFECT:
+            found, deadline = read_wait_args(load_payload(call.args))
+            if found == wait_id:
+                return deadline
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

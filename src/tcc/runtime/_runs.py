@@ -84,14 +84,14 @@ def check_call(func: Any, args: Sequence[str], entry: str) -> None:
             "after SCRIPT is passed to the agent, so tcc options go before SCRIPT)") from None
 
 
-def _make_coroutine(func: Any, args: Sequence[str], entry: str, run_id: str) -> Any:
+def _make_coroutine(func: Any, args: Sequence[str], entry: str, run_id: str, tenant: str = "default") -> Any:
     if inspect.iscoroutinefunction(func):
         return func(*args)
     if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
         raise errors.UsageError(f"{entry} must be an `async def` or a plain `def` function")
     from ._sync import GreenletTask
 
-    return GreenletTask(func, tuple(args), run_id)
+    return GreenletTask(func, tuple(args), run_id, tenant)
 
 
 SYNC_NOTICE = (
@@ -437,7 +437,7 @@ def start(
     # here (a lost database connection) would leave never awaited.
     if driver.code is not None:
         driver.code.record(deferred=False)
-    coro = _make_coroutine(func, args, entry, run.run_id)
+    coro = _make_coroutine(func, args, entry, run.run_id, store.tenant)
     return driver.drive(coro)
 
 
@@ -661,7 +661,7 @@ def resume(
         start_seq = info.journal_len
         resumed: dict[str, Any] = {"snapshot": info.number, "journal": start_seq, "pid": os.getpid()}
     else:
-        coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry, run_id)
+        coro = _make_coroutine(func, json.loads(run.args or b"[]"), run.entry, run_id, store.tenant)
         resumption, calls, start_seq, waits = ("send", None), 0, 0, {}
         resumed = {"snapshot": None, "journal": 0, "pid": os.getpid()}
     # with the first step's commit (or a park): a crash before it makes it moot, and the

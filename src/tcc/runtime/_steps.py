@@ -77,13 +77,15 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
     if d.replay:
         logged = d.replay.take(key, request.name)
         _checked(d, coro, key, logged, effect, request)
+        # its retries count from the attempt the last `tcc retry` of it issued, if any
+        since = max((attempt for k, attempt in d.retried if k == key), default=1)
         # The journal's last call failed, and its next attempt was issued (by the effect's
         # retries, or by a `tcc retry` that a crash interrupted): that attempt may have
         # started before a crash took its intent.  (With its retries spent, the failure
         # went to the agent instead.)
         found = d.attempts.probe_unrecorded(effect, logged.args, key, logged.attempt + 1) \
             if logged.outcome is not None and d.fresh_call_in_doubt() and (
-                logged.unrecorded or (not logged.retry and should_retry(effect, logged))) else None
+                logged.unrecorded or (not logged.retry and should_retry(effect, logged, since))) else None
         if found is not None:
             outcome, completion = found
         elif logged.retry:
@@ -93,11 +95,11 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
             outcome, completion = d.attempts.run_attempts(
                 effect, logged.args, key, logged.attempt + 1,
                 last=logged.attempt + 1 + effect.retries)
-        elif logged.outcome is not None and not should_retry(effect, logged):
+        elif logged.outcome is not None and not should_retry(effect, logged, since):
             d.replayed += 1
             return logged.outcome
         else:  # in doubt, or a failed attempt to retry
-            outcome, completion = d.attempts.reissue(effect, logged)
+            outcome, completion = d.attempts.reissue(effect, logged, since)
     else:
         args = _dump_args(d, effect, request)
         found = d.attempts.probe_unrecorded(effect, args, key, 1) if d.fresh_call_in_doubt() else None
@@ -170,7 +172,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
                     continue
             elif answered(i, d.attempts.probe(eff, logged, args, kwargs)):  # in flight: in doubt
                 continue
-            todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1, logged.failures))
+            todo.append((i, eff, args, kwargs, logged.args, key, logged.attempt + 1, logged.failures()))
         else:
             blob = _dump_args(d, eff, req)
             issued = True

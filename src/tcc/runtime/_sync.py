@@ -25,9 +25,10 @@ class SyncRun(greenlet.greenlet):  # type: ignore[misc]
 class GreenletTask:
     """Drive a sync function through ``send``/``throw`` like a coroutine."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], run_id: str) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], run_id: str,
+                 tenant: str = "default") -> None:
         def body() -> Any:
-            token = set_current(Current(run_id))
+            token = set_current(Current(run_id, tenant=tenant))
             try:
                 return fn(*args)
             finally:

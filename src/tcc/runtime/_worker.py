@@ -110,6 +110,17 @@ def owner_dead(run: RunInfo, now: float) -> bool:
     return False
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger): state T or t in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("ascii", "replace")
+    except OSError:
+        return False
+    fields = data[data.rfind(")") + 2:].split()
+    return bool(fields) and fields[0] in ("T", "t")
+
+
 def unstarted_fork(run: RunInfo) -> bool:
     """Whether ``run`` is a fork (``tcc fork``) that nothing has resumed yet: it starts only
     with an explicit ``tcc resume`` (README), never by a worker.  A fork is made at epoch 1,
@@ -307,18 +318,25 @@ class Worker:
                 run = self.store.get_run(run_id)
             except Exception:  # noqa: BLE001 - read again at the next check
                 continue
+            # a lease renewed late (a long C call holding the GIL, a write queued behind the
+            # child's own) is not a hang: a whole lease more must pass, unless it is stopped
             if run.status == "running" and run.owner_host == HOST and run.owner_pid == proc.pid \
-                    and run.lease_expiry < now:
+                    and run.lease_expiry < now and (now - run.lease_expiry > self.lease or _stopped(proc.pid)):
                 self.log(f"worker: run {run_id}: its resume (pid {proc.pid}) has not renewed its "
                          f"lease for {now - run.lease_expiry:.0f} s; stopping it (SIGKILL)")
                 proc.kill()
 
     def _reap(self) -> None:
         self._stop_hung()
+        now = time.time()
+        for run_id, seen in list(self.unstarted_forks.items()):
+            if now - seen >= UNDECIDED_RECHECK:
+                del self.unstarted_forks[run_id]
         for run_id, proc in list(self.children.items()):
             code = proc.poll()
             if code is not None:
                 del self.children[run_id]
+                self.hung_checked.pop(run_id, None)
                 self._finished(run_id, code)
 
     def tick(self) -> int:

@@ -263,7 +263,7 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[1])
 
 
-# In each server's directory: "<pid> <start time>" of the process that made it, so that a later
+# In each server's directory: "<pid> <start time> <host name>" of the process that made it, so that a later
 # server can tell a directory whose maker is gone (a test run killed with SIGKILL leaves its
 # directory: its atexit hook never ran) from one in use.
 _OWNER = "owner"
@@ -290,11 +290,13 @@ def _sweep_leftovers(base: Path) -> None:
         try:
             if owner.stat().st_uid != os.geteuid():
                 continue
-            pid_text, _start = owner.read_text().split()
+            pid_text, start, *host = owner.read_text().split()
             pid = int(pid_text)
         except (OSError, ValueError):
             continue
-        if _alive(pid) and _process_id(pid) == owner.read_text():
+        if host and host[0] != socket.gethostname():
+            continue  # another host (a container sharing the folder): its pids are not ours
+        if _alive(pid) and _process_id(pid) == f"{pid_text} {start}":
             continue
         try:
             postmaster = int((directory / "data" / "postmaster.pid").read_text().split()[0])
@@ -660,7 +662,7 @@ class TemporaryServer:
                 continue
             _sweep_leftovers(Path(base))
             directory = Path(tempfile.mkdtemp(prefix="tcc-pg-", dir=base))
-            (directory / _OWNER).write_text(_process_id(os.getpid()))
+            (directory / _OWNER).write_text(f"{_process_id(os.getpid())} {socket.gethostname()}")
             self._give(directory)
             return directory
         raise ServerUnavailable(f"no temporary directory reachable by user nobody (tried {', '.join(bases)})")
