@@ -475,3 +475,28 @@ def test_run_gives_effects_copies_of_their_arguments_as_a_real_run_does():
         return sizes, messages
 
     assert tcc.testing.run(agent) == ([2, 2], ["system"])
+
+
+@tcc.effect(timeout=0.1)
+def _slow_sync(seconds: float) -> str:
+    import time
+
+    time.sleep(seconds)
+    return "done"
+
+
+async def _calls_slow() -> list[str]:
+    out = []
+    for seconds in (0.0, 0.5, 0.0):
+        try:
+            out.append(await _slow_sync(seconds))
+        except TimeoutError as exc:
+            out.append(str(exc).split(" (")[0])
+    return out
+
+
+def test_in_process_run_bounds_a_sync_effect_by_its_timeout_as_a_run_does():
+    """A sync effect's `timeout` fails the attempt in tcc.testing.run as in `tcc run` (it
+    was not enforced in-process, so a test saw the call succeed)."""
+    name = _slow_sync.public_name
+    assert tcc.testing.run(_calls_slow) == ["done", f"effect {name!r} timed out after 0.1 s", "done"]

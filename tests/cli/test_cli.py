@@ -50,6 +50,8 @@ def test_text_output_and_exit_codes(tmp_path):
     [
         (("run", "/nonexistent/agent.py"), "does not exist"),
         (("run", f"{MISC}:nope"), "has no function 'nope'"),
+        (("run", f"{MISC}:Helper"), "'Helper' is a class, not a function"),
+        (("run", f"{MISC}:Helper.run"), "the entry 'Helper.run' names an attribute of an attribute"),
 
         (("resume", "no-such-run"), "no-such-run"),
     ],
@@ -71,6 +73,7 @@ def test_completed_run_cannot_be_resumed(tmp_path):
     cli.run("run", "--run-id", "done", f"{MISC}:ok", check=True)
     proc = cli.run("resume", "done")
     assert proc.returncode == 2 and "already completed" in proc.stderr
+    assert "resuming" not in proc.stderr  # refused before it says it resumes
     assert cli.show("done")["status"] == "completed"
 
 

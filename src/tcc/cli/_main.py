@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from .. import _version
 from ..errors import TccError, UsageError
 from ..runtime import CODE_POLICIES, STRATEGIES
-from ..store import DURABILITIES, RUN_STATUSES, default_keep
+from ..store import DURABILITIES, FINAL_STATUSES, RUN_STATUSES, default_keep
 from . import _render, _transfer
 
 
@@ -399,7 +399,9 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from .. import runtime
 
     with _open(args, create=False) as store:
-        store.get_run(args.run_id)  # an unknown run: the error, without "resuming" first
+        run = store.get_run(args.run_id)  # an unknown run: the error, without "resuming" first
+        if run.status in FINAL_STATUSES:  # so is a finished one (resume refuses it)
+            raise UsageError(f"run {args.run_id} is already {run.status}; there is nothing to resume")
         _render.started(args.run_id, resumed=True, as_json=args.json)
         outcome = runtime.resume(
             store, args.run_id, strategy=args.strategy, checkpoint_every=args.checkpoint_every,

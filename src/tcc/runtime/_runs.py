@@ -133,6 +133,10 @@ def _entry_function(entry: str, pinned: PinnedCode) -> Any:
     func = getattr(module, func_name, None)
     if func is None or not callable(func):
         raise errors.UsageError(f"{_scripts.describe_entry(entry)} has no function {func_name!r}")
+    if isinstance(func, type):
+        raise errors.UsageError(
+            f"{_scripts.describe_entry(entry)}: {func_name!r} is a class, not a function; give a "
+            "module-level function that makes and runs it")
     return func
 
 

@@ -93,6 +93,12 @@ def _load_script(path: str) -> types.ModuleType:
     if os.path.isdir(path):
         raise errors.UsageError(f"script {path} is a directory; name a Python file")
     if not os.path.isfile(path):
+        head, sep, tail = path.rpartition(":")
+        if sep and os.path.isfile(head) and all(part.isidentifier() for part in tail.split(".")):
+            raise errors.UsageError(
+                f"{head}: the entry {tail!r} names an attribute of an attribute; give a "
+                "module-level function of the script (`script.py:main`), and have it call the "
+                "method (`return await Agent().main()`)")
         raise errors.UsageError(f"script {path} does not exist")
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -199,4 +205,8 @@ def resolve(entry: str) -> Any:
     func = getattr(module, func_name, None)
     if func is None or not callable(func):
         raise errors.UsageError(f"{describe_entry(entry)} has no function {func_name!r}")
+    if isinstance(func, type):
+        raise errors.UsageError(
+            f"{describe_entry(entry)}: {func_name!r} is a class, not a function; give a "
+            "module-level function that makes and runs it")
     return func

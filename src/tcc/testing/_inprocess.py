@@ -11,6 +11,7 @@ import contextvars
 import functools
 import inspect
 import sys
+import threading
 from typing import Any, Callable, Coroutine, Generator, Mapping, Union
 
 from .. import errors
@@ -64,7 +65,7 @@ class _Call:
         self.is_async = inspect.iscoroutinefunction(fn)
 
     def _current(self, attempt: int) -> Current:
-        return Current(self.run_id, self.effect.name, self.key, attempt)
+        return Current(self.run_id, self.effect.public_name, self.key, attempt)
 
     def _fresh(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """A new copy of the arguments (a tcc.resource in them stays the live one)."""
@@ -85,7 +86,7 @@ class _Call:
             args, kwargs = self._fresh()
             try:
                 call = functools.partial(_with_current, self._current(attempt), self.fn, args, kwargs)
-                return ("send", contextvars.copy_context().run(call))
+                return ("send", _bounded_sync(self.effect, functools.partial(contextvars.copy_context().run, call)))
             except Exception as exc:  # noqa: BLE001 - thrown into the agent, as in a run
                 outcome = self._failed(exc)
         return outcome
@@ -99,10 +100,10 @@ class _Call:
             try:
                 if self.is_async:
                     return ("send", await self._bounded(attempt, args, kwargs))
-                if threads:
-                    return ("send", await asyncio.to_thread(
-                        _with_current, self._current(attempt), self.fn, args, kwargs))
                 call = functools.partial(_with_current, self._current(attempt), self.fn, args, kwargs)
+                if threads or self.effect.timeout is not None:
+                    return ("send", await asyncio.to_thread(
+                        _bounded_sync, self.effect, functools.partial(contextvars.copy_context().run, call)))
                 return ("send", contextvars.copy_context().run(call))
             except Exception as exc:  # noqa: BLE001 - thrown into the agent, as in a run
                 outcome = self._failed(exc)
@@ -121,10 +122,45 @@ class _Call:
             except TimeoutError:
                 if not deadline.expired():
                     raise  # the function's own TimeoutError
-                raise TimeoutError(f"effect {self.effect.name!r} timed out after {timeout:g} s "
+                raise TimeoutError(f"effect {self.effect.public_name!r} timed out after {timeout:g} s "
                                    "(it was cancelled)") from None
         finally:
             reset_current(token)
+
+
+# The threads of timed-out sync calls that still run, by effect: the next call of that
+# effect starts after them, as in a run (tcc.runtime._attempts).
+_STUCK: dict[str, list[threading.Event]] = {}
+
+
+def _bounded_sync(effect: Any, call: Callable[[], Any]) -> Any:
+    """``call()`` of a sync effect, bounded by its ``timeout`` as a run bounds it: in a
+    thread of its own, which cannot be stopped, so at the timeout the attempt fails with the
+    run's TimeoutError and the thread runs to its end (the next call waits for it)."""
+    for ended in _STUCK.pop(effect.name, []):
+        ended.wait()
+    if effect.timeout is None:
+        return call()
+    box: dict[str, Any] = {}
+    ended = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+        finally:
+            ended.set()
+
+    threading.Thread(target=target, name=f"tcc-testing {effect.public_name}", daemon=True).start()
+    if not ended.wait(effect.timeout):
+        _STUCK.setdefault(effect.name, []).append(ended)
+        raise TimeoutError(f"effect {effect.public_name!r} timed out after {effect.timeout:g} s (its "
+                           "thread cannot be stopped and runs to the end; the next attempt or call "
+                           "of this effect starts after it)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 # What the trampoline asks its runner to execute: one call, or the calls of a gather.

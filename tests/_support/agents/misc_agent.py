@@ -110,3 +110,10 @@ async def diverge():
         await echo(2)
     await maybe_die(3)
     return "done"
+
+
+class Helper:
+    """Not an entry: a class (``misc_agent.py:Helper``) or its method (``:Helper.run``)."""
+
+    async def run(self):
+        return 1
