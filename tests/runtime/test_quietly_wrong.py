@@ -780,3 +780,17 @@ def test_a_crash_inside_the_attempt_tcc_retry_issued_does_not_use_up_its_retries
     killer.store, killer.env = cli.store, dict(cli.env, CRASH_ONCE=str(tmp_path / "crashed"))
     assert killer.run("retry", "t").returncode == -9  # killed inside attempt 4
     assert _result(cli.run("resume", "--json", "t")) == "ok charge-43"
+
+
+def test_an_effects_exception_holding_a_live_object_is_caught_by_its_class_on_every_path(tmp_path):
+    """An HTTP error carrying its live response (a lock inside): journaled as the same class
+    without that attribute (a note says so), and the agent gets that form whether the call
+    ran or was served from the journal after a crash."""
+    expected = ["body of a", "error 503 for bad1 response=None noted=True", "body of b", "body of c"]
+    cli = Cli(tmp_path)
+    script = str(QUIET / "live_exception_agent.py")
+    assert _result(cli.run("run", "--json", script)) == expected
+    for after in (1, 2, 3):
+        assert _killed_then_resumed(cli, f"e{after}", script, after=after) == expected
+    replayed = _result(cli.run("run", "--json", "--strategy", "replay", script))
+    assert replayed == expected

@@ -102,18 +102,45 @@ def answered_request(resumption: Resumption, records: Iterable[JournalRecord]) -
 def completion_record(seq: int, outcome: Resumption, duration: float) -> Completion:
     """The completion to journal for intent ``seq``, which ended with ``outcome``.
 
-    An exception that cannot be captured is journaled as a RuntimeError naming it; a
-    result that cannot be captured fails the run (RunFailedError)."""
+    An exception that cannot be captured is journaled as :func:`journalable_exception`
+    makes it; a result that cannot be captured fails the run (RunFailedError)."""
     try:
         blob = dump_payload(outcome[1])
     except errors.CaptureError as exc:
         if outcome[0] == "throw":
-            blob = dump_payload(RuntimeError(f"{outcome[1]!r} (original exception not capturable: {exc})"))
+            blob = dump_payload(journalable_exception(outcome[1], exc))
         else:
             raise errors.RunFailedError(f"the result of an effect cannot be journaled: {exc}") from exc
     if outcome[0] == "throw":
         return Completion(seq, error=blob, duration=duration)
     return Completion(seq, result=blob, duration=duration)
+
+
+def journalable_exception(exc: BaseException, why: errors.CaptureError) -> BaseException:
+    """What an effect's exception that cannot be captured is journaled as: the same class
+    with its args and the attributes that can be captured, and a note naming the ones
+    dropped (an HTTP error holding its live response: ``except HTTPError`` still catches
+    it, with ``e.response`` gone), or, if even that cannot be captured, a RuntimeError
+    naming it.  The agent gets this journaled form on every path (see ``_steps``)."""
+    try:
+        copy = type(exc).__new__(type(exc), *exc.args)
+        copy.args = exc.args
+        dropped = []
+        for name, value in list(getattr(exc, "__dict__", {}).items()):
+            try:
+                dump_payload(value)
+            except Exception:  # noqa: BLE001 - not capturable: dropped, and said
+                dropped.append(name)
+                continue
+            setattr(copy, name, value)
+        for note in getattr(exc, "__notes__", ()):
+            copy.add_note(note)
+        copy.add_note(f"tcc: the effect's exception could not be journaled whole ({why}); "
+                      f"dropped: {', '.join(dropped) or 'nothing it could name'}")
+        dump_payload(copy)
+        return copy
+    except Exception:  # noqa: BLE001 - args or state that cannot be captured either
+        return RuntimeError(f"{exc!r} (original exception not capturable: {why})")
 
 
 # ------------------------------------------------------------------ serving

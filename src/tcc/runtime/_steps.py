@@ -108,7 +108,7 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
         else:
             outcome, completion = d.attempts.run_attempts(effect, args, key, 1)
     d.past_the_journal()
-    outcome = as_recorded(outcome, completion.result)
+    outcome = as_recorded(outcome, completion.result, completion.error)
     d.completed(coro, outcome, completion)
     return outcome
 
@@ -117,14 +117,23 @@ def effect_call(d: Driver, coro: Any, request: EffectRequest) -> Resumption:
 _IMMUTABLE = ATOMS | {complex}
 
 
-def as_recorded(outcome: Resumption, blob: bytes | None) -> Resumption:
+def as_recorded(outcome: Resumption, blob: bytes | None, error: bytes | None = None) -> Resumption:
     """The outcome the agent is sent for a call that ran now: its result as the journal
     recorded it (``blob``), a copy, as a result served from the journal after a crash
     is (README, "Effect semantics": an effect that returns a module-level dict, or the
     same cached object twice, must not give the agent shared objects in an uninterrupted
-    run and copies in a resumed one).  Immutable results and exceptions are sent as they
-    are."""
-    if outcome[0] != "send" or type(outcome[1]) in _IMMUTABLE or blob is None:
+    run and copies in a resumed one).  Immutable results are sent as they are, and so are
+    exceptions (with their tracebacks), unless one could not be journaled whole: then the
+    journaled form (``error``; see ``journalable_exception``), as after a crash."""
+    if outcome[0] == "throw":
+        if error is None:
+            return outcome
+        try:
+            dump_payload(outcome[1])
+            return outcome
+        except errors.CaptureError:
+            return ("throw", load_payload(error))
+    if type(outcome[1]) in _IMMUTABLE or blob is None:
         return outcome
     try:
         with reusing_live_resources():  # a tcc.resource in it stays the live one, as in arguments
@@ -213,7 +222,7 @@ def gather(d: Driver, coro: Any, request: GatherRequest) -> Resumption:
             outcome: Resumption = ("throw", res) if isinstance(res, Exception) else ("send", res)
             record = completion_record(seq, outcome, duration)
             d.store.append_completion(d.run_id, d.epoch, record)
-            outcome = as_recorded(outcome, record.result)
+            outcome = as_recorded(outcome, record.result, record.error)
             d.effects += 1
             if outcome[0] == "throw" and failed + 1 <= eff.retries:  # as a single call retries
                 with reusing_live_resources():  # a fresh copy of the recorded arguments
