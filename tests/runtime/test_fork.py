@@ -80,6 +80,9 @@ def test_a_worker_leaves_a_fork_nobody_started_alone_and_takes_over_one_that_was
     cli.run("fork", "p", "--at", str(first), "--answer", '"what-if"', "--run-id", "f", check=True)
     shown = cli.show("f")
     assert shown["unstarted_fork"] is True and shown["epoch"] == 1
+    # the call the fork's snapshot was taken after shows the fork's answer, not the parent's
+    answered = shown["calls"][-1]
+    assert answered["result"] == "'what-if' (the fork's --answer; the parent got 'did question')", answered
     assert "a fork nobody started: `tcc resume f` starts it" in cli.run("show", "f", check=True).stdout
     worker = cli.run("worker", "--once", check=True)
     assert "resuming f" not in worker.stderr

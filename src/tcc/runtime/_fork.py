@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dis
 import os
+import reprlib
 import types
 from typing import Any
 
@@ -206,9 +207,10 @@ def fork(
             req = state.resumption[1]  # the fork waits for its own answer
             store.add_event(child.run_id, "wait", {"id": req.wait_id, "name": req.name,
                                                    "kind": req.kind, "prompt": req.prompt})
+        answered = {"answer": True, "answer_value": reprlib.repr(answer),
+                    "journal": store.journal_length(child.run_id)} if answering else {}
         store.add_event(child.run_id, "forked", {"parent": run_id, "snapshot": at, "set": sorted(sets or {}),
-                                                 "on_code_change": policy,
-                                                 **({"answer": True} if answering else {})})
+                                                 "on_code_change": policy, **answered})
         store.add_event(run_id, "fork", {"child": child.run_id, "snapshot": at})
         store.renew_lease(child.run_id, child.epoch, 0.0)  # resumable at once
     except BaseException:

@@ -201,6 +201,15 @@ def run_detail(store: Store, run_id: str, *, calls: int | None, show_value: Show
     if not whole:
         for call in numbered:
             call["number"] = None  # the calls before the window are not counted
+    forked = next((dict(e.data) for e in events if e.kind == "forked"), {})
+    if isinstance(forked.get("answer_value"), str) and isinstance(forked.get("journal"), int):
+        # a fork made with --answer: the call its snapshot was taken after got that answer,
+        # not the parent's, which its copy of the journal holds
+        before = [c for c in numbered if c["seq"] < forked["journal"]]
+        if before:
+            before[-1]["result"] = (f"{forked['answer_value']} (the fork's --answer; the parent "
+                                    f"got {before[-1]['result'] if before[-1]['status'] == 'ok' else before[-1]['error']})")
+            before[-1]["status"], before[-1]["error"] = "ok", None
     error = _report.decode_error(run.error)
     doc = {
         "id": run.run_id,
