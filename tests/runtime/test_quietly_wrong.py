@@ -746,6 +746,7 @@ def test_tcc_run_names_working_directory_stream_and_environment_changes(tmp_path
         "process_state_more_agent.py:26 sets sys.stdout",
         "process_state_more_agent.py:27 sets sys.stdout",
         "process_state_more_agent.py:28 calls os.chdir()",
+        "process_state_more_agent.py:36 changes Agent.history (a class attribute) through an instance",
     ], proc.stderr
 
 

@@ -195,8 +195,49 @@ class _Reader(ast.NodeVisitor):
             self._target(node.target, node)
         self.generic_visit(node)
 
+    def _shared_mutables(self, node: ast.ClassDef) -> None:
+        """A mutable value bound in the class body (``history = []``) that a method changes
+        in place through an instance (``self.history.append(x)``) without the instance ever
+        binding its own: the class's object is shared, and the import makes it anew."""
+        shared = {t.id for stmt in node.body if isinstance(stmt, ast.Assign) and self._mutable_default(stmt.value)
+                  for t in stmt.targets if isinstance(t, ast.Name)}
+        shared |= {stmt.target.id for stmt in node.body if isinstance(stmt, ast.AnnAssign)
+                   and isinstance(stmt.target, ast.Name) and self._mutable_default(stmt.value)}
+        if not shared:
+            return
+        methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and not any(_dotted(d) in ("staticmethod", "classmethod") for d in m.decorator_list)
+                   and (m.args.posonlyargs + m.args.args)]
+        own = set()  # names an instance binds for itself (self.history = [...]) somewhere
+        for m in methods:
+            me = (m.args.posonlyargs + m.args.args)[0].arg
+            for sub in ast.walk(m):
+                targets = sub.targets if isinstance(sub, ast.Assign) else \
+                    [sub.target] if isinstance(sub, (ast.AugAssign, ast.AnnAssign)) else []
+                own |= {t.attr for t in targets if isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name) and t.value.id == me}
+        said = set()
+        for m in methods:
+            me = (m.args.posonlyargs + m.args.args)[0].arg
+            for sub in ast.walk(m):
+                attr = None
+                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
+                        and sub.func.attr in _MUTATORS and isinstance(sub.func.value, ast.Attribute):
+                    attr = sub.func.value
+                elif isinstance(sub, (ast.Assign, ast.Delete)):
+                    attr = next((t.value for t in sub.targets if isinstance(t, ast.Subscript)
+                                 and isinstance(t.value, ast.Attribute)), None)
+                if attr is not None and isinstance(attr.value, ast.Name) and attr.value.id == me \
+                        and attr.attr in shared and attr.attr not in own and attr.attr not in said:
+                    said.add(attr.attr)
+                    self._say(sub, f"changes {node.name}.{attr.attr} (a class attribute) through an instance",
+                              f"the import rebuilds class {node.name} with an empty {attr.attr}, so a "
+                              "resumed run loses what was added; give each instance its own "
+                              f"(self.{attr.attr} = ... in __init__)")
+
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         # a class body binds its own attributes at import: not a change made by the run
+        self._shared_mutables(node)
         for child in node.body:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 first = child.args.posonlyargs + child.args.args

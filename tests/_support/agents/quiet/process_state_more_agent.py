@@ -26,4 +26,12 @@ async def main():
     saved, sys.stdout = sys.stdout, io.StringIO()
     sys.stdout = saved
     os.chdir(here)
-    return await step(3)
+    return await Agent().run()
+
+
+class Agent:
+    history = []  # shared by every instance: the import makes it anew
+
+    async def run(self):
+        self.history.append(await step(3))
+        return self.history[-1]
