@@ -110,6 +110,23 @@ def owner_dead(run: RunInfo, now: float) -> bool:
     return False
 
 
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or runs under it (its parent's parent ..., a
+    few levels: a worker's ``command`` may wrap `tcc resume` in another program)."""
+    for _level in range(8):
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read().decode("ascii", "replace")
+            pid = int(data[data.rfind(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
 def _stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP, a debugger): state T or t in /proc."""
     try:
@@ -320,10 +337,16 @@ class Worker:
                 continue
             # a lease renewed late (a long C call holding the GIL, a write queued behind the
             # child's own) is not a hang: a whole lease more must pass, unless it is stopped
-            if run.status == "running" and run.owner_host == HOST and run.owner_pid == proc.pid \
-                    and run.lease_expiry < now and (now - run.lease_expiry > self.lease or _stopped(proc.pid)):
-                self.log(f"worker: run {run_id}: its resume (pid {proc.pid}) has not renewed its "
+            owner = run.owner_pid  # the resume itself: this child, or one under its command's wrapper
+            if run.status == "running" and run.owner_host == HOST and _descends(owner, proc.pid) \
+                    and run.lease_expiry < now and (now - run.lease_expiry > self.lease or _stopped(owner)):
+                self.log(f"worker: run {run_id}: its resume (pid {owner}) has not renewed its "
                          f"lease for {now - run.lease_expiry:.0f} s; stopping it (SIGKILL)")
+                if owner != proc.pid:
+                    try:
+                        os.kill(owner, signal.SIGKILL)
+                    except OSError:
+                        pass
                 proc.kill()
 
     def _reap(self) -> None:
