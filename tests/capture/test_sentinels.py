@@ -23,7 +23,7 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     name = f"sentinel_lib_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{name}.py").write_text(
         "class Marker:\n    pass\n\n"
-        "MISSING = object()\nEMPTY = Marker()\nFULL = Marker()\nFULL.value = 1\n"
+        "MISSING = object()\nDEFAULT = object()\nEMPTY = Marker()\nFULL = Marker()\nFULL.value = 1\n"
         "import threading\nLOCK = threading.Lock()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module(name)
@@ -144,6 +144,8 @@ def test_a_call_journaled_with_a_copied_sentinel_is_the_same_call_as_one_naming_
     copied = dump_payload(((object(), library.Marker()), {}))  # bound nowhere: by value
     named = dump_payload(((library.MISSING, library.EMPTY), {}))
     assert copied != named and _same_arguments(copied, named)
+    # two sentinels the module names are two different calls
+    assert not _same_arguments(dump_payload(((library.MISSING,), {})), dump_payload(((library.DEFAULT,), {})))
     assert not _same_arguments(dump_payload(((library.FULL,), {})), dump_payload(((library.EMPTY,), {})))
 
 

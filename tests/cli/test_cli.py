@@ -73,7 +73,7 @@ def test_completed_run_cannot_be_resumed(tmp_path):
     cli.run("run", "--run-id", "done", f"{MISC}:ok", check=True)
     proc = cli.run("resume", "done")
     assert proc.returncode == 2 and "already completed" in proc.stderr
-    assert "resuming" not in proc.stderr  # refused before it says it resumes
+    assert "resuming" not in proc.stdout + proc.stderr  # refused before it says it resumes
     assert cli.show("done")["status"] == "completed"
 
 

@@ -471,3 +471,54 @@ def test_a_fleet_worker_leaves_a_fork_nobody_started_alone(fleet_store: PgStore)
         assert decode_result(store.get_run("ff").result) == ["what-if", "did follow-up to what-if"]
     finally:
         store.close()
+
+
+UPGRADABLE = '''\
+import os
+import signal
+
+import tcc
+import helpers
+
+
+@tcc.effect
+def step(i):
+    if os.environ.get("KILL_IN") == str(i) and not os.path.exists(os.environ["MARK"]):
+        open(os.environ["MARK"], "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)  # in flight: its intent is open, no completion
+    return i
+
+
+async def main(n):
+    return [helpers.shape(await step(i)) for i in range(int(n))]
+'''
+
+
+def test_a_fleet_worker_upgrades_a_run_killed_in_a_call_under_the_upgrade_policy(
+        fleet_store: PgStore, tmp_path: pathlib.Path) -> None:
+    """A worker hands a claimed run to its `tcc resume` at the epoch it claimed: the upgrade
+    the policy asks for must claim it at that epoch (it was refused, the worker's own claim
+    being live), and the run, killed inside a call after its snapshot, continues on its
+    recorded code to its next snapshot and then on the current code."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "agent.py").write_text(UPGRADABLE)
+    (folder / "helpers.py").write_text("def shape(v):\n    return v * 10\n")
+    extra = {"KILL_IN": "2", "MARK": str(tmp_path / "mark")}
+    out = _tcc(fleet_store, "hostU", "run", "--run-id", "up", "--on-code-change", "upgrade",
+               str(folder / "agent.py"), "4", **extra)
+    assert out.returncode == -9, out.stderr
+    (folder / "helpers.py").write_text("def shape(v):\n    return v * 100\n")
+    out = _tcc(fleet_store, "hostU", "worker", "--once", **extra)
+    assert out.returncode == 0, out.stderr
+    store = fleet_store.open()
+    try:
+        deadline = time.monotonic() + 60
+        while store.get_run("up").status != "completed":
+            assert time.monotonic() < deadline, (store.get_run("up"), out.stderr)
+            time.sleep(0.2)
+        assert decode_result(store.get_run("up").result) == [0, 10, 200, 300]
+        kinds = [e.kind for e in store.events("up")]
+        assert "upgraded" in kinds and "in_doubt_verified" not in kinds
+    finally:
+        store.close()

@@ -795,3 +795,23 @@ def test_an_effects_exception_holding_a_live_object_is_caught_by_its_class_on_ev
         assert _killed_then_resumed(cli, f"e{after}", script, after=after) == expected
     replayed = _result(cli.run("run", "--json", "--strategy", "replay", script))
     assert replayed == expected
+
+
+def test_an_exception_with_notes_and_a_live_attribute_is_journaled_once_with_its_notes():
+    """Its notes are copied once (the copy's note list was the original's, and appending
+    to it while reading it never ended), and the live exception keeps its own."""
+    import threading
+
+    from tcc.errors import CaptureError
+    from tcc.runtime._journal import journalable_exception
+
+    class Failed(Exception):
+        pass
+
+    exc = Failed("503")
+    exc.add_note("while calling the API")
+    exc.pool = threading.Lock()
+    copy = journalable_exception(exc, CaptureError("cannot pickle '_thread.lock' object"))
+    assert type(copy) is Failed and copy.args == ("503",) and not hasattr(copy, "pool")
+    assert copy.__notes__[0] == "while calling the API" and "dropped: pool" in copy.__notes__[1]
+    assert exc.__notes__ == ["while calling the API"] and len(copy.__notes__) == 2

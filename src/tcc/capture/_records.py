@@ -127,10 +127,16 @@ def module_attribute(module_name: Any, name: Any, cls: Any = None) -> Any:
     if type(module_name) is not str or type(name) is not str or (cls is not None and not isinstance(cls, type)):
         raise errors.CorruptSnapshotError("malformed module attribute in the snapshot")
     try:
-        value = getattr(import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
+        module = import_module(module_name)
+    except ImportError as exc:
+        raise errors.IncompatibleSnapshotError(
+            f"snapshot refers to {module_name}.{name}, and module {module_name} cannot be imported "
+            f"here ({exc})") from None
+    try:
+        value = getattr(module, name)
+    except AttributeError as exc:
         if cls is None:
-            raise errors.RestoreError(
+            raise errors.IncompatibleSnapshotError(
                 f"snapshot refers to {module_name}.{name}, which cannot be found here ({exc})") from None
         value = _MISSING_VALUE
     if cls is None or type(value) is cls:

@@ -178,7 +178,7 @@ class Driver:
                 if STOP.is_set():
                     return self._parked(Parked("stopped", {"reason": "SIGTERM"}))
                 if self.stop_after_snapshot and self.checkpoints:  # (see runtime.resume)
-                    return self._parked(Parked("stopped", {"reason": "upgrade"}))
+                    return self._parked(Parked("stopped", {"reason": "upgrade"}), release=False)
                 if resumption[0] == "request":  # resumed at a wait or a sleep
                     try:
                         resumption = self._handle(coro, resumption[1])
@@ -304,7 +304,7 @@ class Driver:
                               wake=float(until) if isinstance(until, (int, float)) else None)
         raise Parked(status, info)
 
-    def _parked(self, parked: Parked) -> Outcome:
+    def _parked(self, parked: Parked, release: bool = True) -> Outcome:
         # Stuck threads (timed-out sync calls still running) must end while this process
         # holds the lease, or a drive elsewhere could resume the run beside them; the
         # heartbeat keeps the lease meanwhile, for as long as such a call runs.  On SIGTERM
@@ -316,7 +316,8 @@ class Driver:
         # more: the heartbeat ends first (the drive's own stop and join come later).
         self.claim.stop_heartbeat()
         self.claim.join_heartbeat(timeout=5)
-        self.claim.release()  # anyone may resume it now
+        if release:  # (not when this process continues the run itself: runtime.resume)
+            self.claim.release()  # anyone may resume it now
         return Outcome(self.run_id, parked.status, None, None, self.effects, self.checkpoints,
                        self.replayed, parked.info)
 

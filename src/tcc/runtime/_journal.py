@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from .. import errors
 from ..capture import dump_payload, load_payload, project_name
-from ..capture._singletons import stateless_type
+from ..capture._singletons import home, stateless_type
 from ..effects import Resource
 from ..store import Completion, JournalRecord
 from ._state import Resumption
@@ -127,13 +127,15 @@ def journalable_exception(exc: BaseException, why: errors.CaptureError) -> BaseE
         copy.args = exc.args
         dropped = []
         for name, value in list(getattr(exc, "__dict__", {}).items()):
+            if name == "__notes__":  # (copied below: a list add_note appends to)
+                continue
             try:
                 dump_payload(value)
             except Exception:  # noqa: BLE001 - not capturable: dropped, and said
                 dropped.append(name)
                 continue
             setattr(copy, name, value)
-        for note in getattr(exc, "__notes__", ()):
+        for note in list(getattr(exc, "__notes__", ())):
             copy.add_note(note)
         copy.add_note(f"tcc: the effect's exception could not be journaled whole ({why}); "
                       f"dropped: {', '.join(dropped) or 'nothing it could name'}")
@@ -291,9 +293,11 @@ def _equivalent(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
             return True
         return _equivalent(state_a, state_b, seen)
     plain_eq: bool = getattr(type(a), "__eq__", None) is object.__eq__
-    if plain_eq and stateless_type(type(a)) and _stateless(a) and _stateless(b):
-        # two objects of one class with no state: a bare object() sentinel journaled as a
-        # copy (by tcc before sentinels were named) and the module's own one now
+    if plain_eq and stateless_type(type(a)) and _stateless(a) and _stateless(b) \
+            and (home(a) is None or home(b) is None):
+        # two objects of one class with no state, one a copy: a bare object() sentinel
+        # journaled as a copy (by tcc before sentinels were named) and the module's own one
+        # now (two sentinels a module names, MISSING and DEFAULT, stay different calls)
         return True
     return bool(a == b)
 

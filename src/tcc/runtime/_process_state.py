@@ -199,6 +199,9 @@ class _Reader(ast.NodeVisitor):
         """A mutable value bound in the class body (``history = []``) that a method changes
         in place through an instance (``self.history.append(x)``) without the instance ever
         binding its own: the class's object is shared, and the import makes it anew."""
+        if any(_dotted(b) not in ("object", None) for b in node.bases) or node.keywords \
+                or node.decorator_list:
+            return  # a model class (pydantic, msgspec, a dataclass) may copy defaults per instance
         shared = {t.id for stmt in node.body if isinstance(stmt, ast.Assign) and self._mutable_default(stmt.value)
                   for t in stmt.targets if isinstance(t, ast.Name)}
         shared |= {stmt.target.id for stmt in node.body if isinstance(stmt, ast.AnnAssign)

@@ -141,32 +141,39 @@ def _entry_function(entry: str, pinned: PinnedCode) -> Any:
 
 
 def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
-               on_notice: Callable[[str], None] | None) -> tuple[str, Manifest | None, bool]:
+               on_notice: Callable[[str], None] | None, claimed_epoch: int | None = None,
+               ) -> tuple[str, Manifest | None, bool, int | None]:
     """``code``, or what the run's policy makes of a change of its files: ``pinned``
     (continue on the recorded code), ``current`` (refuse a changed frame; or, under the
     ``upgrade`` policy, after moving the run onto the current code); the run's manifest if
     it was read (None: read it when needed); and whether the run is to be upgraded once it
     has taken its next snapshot on its recorded code (the upgrade policy, and a call in
-    flight at a crash after the newest snapshot, which belongs to the old code's frame)."""
+    flight at a crash after the newest snapshot, which belongs to the old code's frame); and
+    the epoch to claim the run at (``claimed_epoch``; None once the upgrade, in this process,
+    has claimed it)."""
     if code is not None:
-        return code, None, False
+        return code, None, False, claimed_epoch
     if strategy == "replay":
-        return "current", None, False
+        return "current", None, False, claimed_epoch
     events = store.events(run.run_id)
     policy, manifest = policy_of(events), manifest_of(events)
     if policy == "refuse" or not manifest:
-        return "current", manifest, False
+        return "current", manifest, False, claimed_epoch
     if policy == "pinned" or not changed_files(manifest):
-        return "pinned", manifest, False
+        return "pinned", manifest, False, claimed_epoch
     from ._upgrade import upgrade  # the upgrade policy: move the run first
 
-    plan = upgrade(store, run.run_id)
-    if not plan.ok and plan.after_snapshot and not any(f.refusals for f in plan.frames):
-        if on_notice is not None:
-            on_notice(f"run {run.run_id} continues on the code it recorded until its next snapshot "
-                      "(a call after its newest snapshot belongs to that code), then moves onto "
-                      "the current code (its policy is --on-code-change upgrade)")
-        return "pinned", manifest, True
+    plan = upgrade(store, run.run_id, expect_epoch=claimed_epoch, keep_claim=True)
+    if not plan.ok and plan.after_snapshot:
+        frames = upgrade(store, run.run_id, dry_run=True, ignore_tail=True)  # are they mappable?
+        if not frames.ok:
+            plan = frames
+        else:
+            if on_notice is not None:
+                on_notice(f"run {run.run_id} continues on the code it recorded until its next snapshot "
+                          "(a call after its newest snapshot belongs to that code), then moves onto "
+                          "the current code (its policy is --on-code-change upgrade)")
+            return "pinned", manifest, True, claimed_epoch
     if not plan.ok:
         raise errors.CodeChangedError(
             f"run {run.run_id}: its code changed and its policy is to upgrade it, but the "
@@ -175,7 +182,7 @@ def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
     if on_notice is not None:
         on_notice(f"run {run.run_id} was upgraded onto the current code (snapshot {plan.written}; "
                   "its policy is --on-code-change upgrade)")
-    return "current", None, False  # (the upgrade recorded the current code: read it again)
+    return "current", None, False, None  # (the upgrade recorded the current code, and claimed it)
 
 
 def _check_pinnable(run: RunInfo, strategy: str, pinned: PinnedCode) -> None:
@@ -576,6 +583,7 @@ def resume(
     code: str | None = None,
     on_notice: Callable[[str], None] | None = None,
     claimed_epoch: int | None = None,
+    continued: bool = False,
 ) -> Outcome:
     """Continue an unfinished run with its strategy (or ``strategy``); start a ``queued``
     one (``tcc submit``).
@@ -589,7 +597,9 @@ def resume(
     ``upgrade`` runs :func:`tcc.runtime.upgrade` first).  ``on_notice(text)`` hears
     which code the run continues on when its files changed.  ``claimed_epoch``: the worker
     that started this process claimed the run at that epoch and hands it over (see
-    :meth:`tcc.store.Store.claim_run`, ``expect_epoch``).
+    :meth:`tcc.store.Store.claim_run`, ``expect_epoch``).  ``continued``: this process
+    stopped the run itself at a snapshot and goes on with it (an upgrade between two legs
+    of one resume), which is no crash.
     """
     if code is not None and code not in CODE_MODES:
         raise errors.UsageError(f"unknown code mode {code!r}; choose one of {', '.join(CODE_MODES)}")
@@ -610,11 +620,12 @@ def resume(
     strategy, _notice = effective_strategy(strategy or run.strategy)
     # Which code the run continues on (a run already on its pinned code stays on it), and
     # the usage errors of loading it, before the claim.
-    code, known, upgrade_next = _code_mode(store, run, strategy, code, on_notice)
+    code, known, upgrade_next, claimed_epoch = _code_mode(store, run, strategy, code, on_notice,
+                                                          claimed_epoch)
     pinned = PinnedCode(store, run_id, known, pin=code == "pinned")
     if code == "pinned" and strategy != "replay":
         _check_pinnable(run, strategy, pinned)
-        if pinned.remap and on_notice is not None:
+        if pinned.remap and on_notice is not None and not upgrade_next:
             names = ", ".join(_scripts.script_display_name(n) for n in pinned.changed)
             on_notice(f"run {run_id} continues on the code it recorded ({names} changed since); "
                       f"`tcc upgrade {run_id}` moves it onto the current code")
@@ -624,7 +635,7 @@ def resume(
     # Only a run that was executing when its owner went away can have lost the intent of
     # a call in flight; a parked or failed run recorded its status after its last call,
     # and a fork that was never resumed has issued nothing of its own.
-    crashed = run.status == "running"
+    crashed = run.status == "running" and not continued
     queued = run.status == "queued"
     try:
         run = store.claim_run(run_id, lease=lease, steal=steal, expect_epoch=claimed_epoch)
@@ -694,5 +705,5 @@ def resume(
         set_process_modules(None)
         return resume(store, run_id, strategy=strategy, checkpoint_every=checkpoint_every,
                       lease=lease, progress=progress, wait_seconds=wait_seconds,
-                      on_notice=on_notice)
+                      on_notice=on_notice, continued=True)
     return outcome

@@ -665,7 +665,8 @@ def _parse_renames(items: list[str]) -> dict[str, str]:
 
 
 def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str] = (),  # type: ignore[assignment]
-            renames: list[str] = (), steal: bool = False) -> Plan:  # type: ignore[assignment]
+            renames: list[str] = (), steal: bool = False,  # type: ignore[assignment]
+            expect_epoch: int | None = None, ignore_tail: bool = False, keep_claim: bool = False) -> Plan:
     """Map the run's newest snapshot onto the current code; unless ``dry_run``, store
     the result as a new snapshot (with an ``upgraded`` event).  Returns the plan; a
     refused upgrade writes nothing (``plan.ok`` is False)."""
@@ -681,13 +682,14 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
         raise errors.UsageError(f"run {run_id} has no snapshot to upgrade")
     info, payload = found
     plan = Plan(run_id, info.number)
-    if store.journal_length(run_id) != info.journal_len:
+    if store.journal_length(run_id) != info.journal_len and not (ignore_tail and dry_run):
         plan.refusals.append(
             f"run {run_id} has {store.journal_length(run_id) - info.journal_len} journal record(s) "
             f"after its newest snapshot {info.number} (a call in flight, or the hybrid strategy's "
             "calls since the snapshot): they belong to the old code's frame; let it reach its next "
-            f"snapshot on its recorded code first (`tcc resume {run_id}` under the upgrade "
-            "policy does that, then upgrades it)")
+            f"snapshot on its recorded code first (with --on-code-change upgrade, `tcc resume "
+            f"{run_id}` does that and then upgrades it; `tcc resume --code pinned {run_id}` "
+            "continues it on its recorded code)")
         plan.after_snapshot = True
         return plan
     manifest = manifest_of(store.events(run_id))
@@ -779,7 +781,7 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
     if state.module_state is not None:  # a pinned module's data goes to its current module
         state = state._replace(module_state={originals.get(k, k): v for k, v in state.module_state.items()})
     new_payload = dump_stored(pack_state(state))
-    claimed = store.claim_run(run_id, lease=30.0, steal=steal)
+    claimed = store.claim_run(run_id, lease=30.0, steal=steal, expect_epoch=expect_epoch)
     try:
         if store.snapshots(run_id)[-1].number != info.number or \
                 store.journal_length(run_id) != info.journal_len:
@@ -795,8 +797,8 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
         written = store.checkpoint(run_id, claimed.epoch, new_payload)
         plan.written = written.number
     finally:
-        try:
-            store.renew_lease(run_id, claimed.epoch, 0.0)  # anyone may resume it now
+        try:  # anyone may resume it now (unless this process resumes it at once)
+            store.renew_lease(run_id, claimed.epoch, 30.0 if keep_claim else 0.0)
         except errors.TccError:
             pass
     return plan

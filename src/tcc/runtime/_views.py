@@ -206,7 +206,7 @@ def run_detail(store: Store, run_id: str, *, calls: int | None, show_value: Show
         # a fork made with --answer: the call its snapshot was taken after got that answer,
         # not the parent's, which its copy of the journal holds
         before = [c for c in numbered if c["seq"] < forked["journal"]]
-        if before:
+        if before and "." not in str(before[-1]["key"]).rpartition(":")[2]:  # (a gather's: no)
             before[-1]["result"] = (f"{forked['answer_value']} (the fork's --answer; the parent "
                                     f"got {before[-1]['result'] if before[-1]['status'] == 'ok' else before[-1]['error']})")
             before[-1]["status"], before[-1]["error"] = "ok", None

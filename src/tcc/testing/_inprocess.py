@@ -138,7 +138,7 @@ def _bounded_sync(effect: Any, call: Callable[[], Any]) -> Any:
     thread of its own, which cannot be stopped, so at the timeout the attempt fails with the
     run's TimeoutError and the thread runs to its end (the next call waits for it)."""
     for ended in _STUCK.pop(effect.name, []):
-        ended.wait()
+        ended.wait(max(effect.timeout or 0.0, 1.0) * 10)  # (bounded: a test must not hang on it)
     if effect.timeout is None:
         return call()
     box: dict[str, Any] = {}

@@ -35,3 +35,14 @@ class Agent:
     async def run(self):
         self.history.append(await step(3))
         return self.history[-1]
+
+
+class BaseModel:  # (stands for pydantic's: a model class copies its field defaults)
+    pass
+
+
+class Note(BaseModel):
+    tags: list = []
+
+    def tag(self, t):
+        self.tags.append(t)  # not named: a model's instance has its own copy
