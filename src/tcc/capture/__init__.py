@@ -33,6 +33,8 @@ from ._records import project_name as project_name
 from ._records import set_process_modules as set_process_modules
 from ._registry import register_reducer as register_reducer
 from ._segments import SegmentCache as SegmentCache
+from ._singletons import home as sentinel_home
+from ._singletons import stateless_type as stateless_type
 
 # What only a display of snapshots uses (``tcc inspect``, ``tcc show``, the dashboard) is
 # imported when first asked for: the restricted loader and its views cost a `tcc resume`
@@ -86,6 +88,8 @@ __all__ = [
     "CodeView",
     "FrameView",
     "SegmentCache",
+    "sentinel_home",
+    "stateless_type",
     "Stub",
     "ViewRepr",
     "check_frame_record",

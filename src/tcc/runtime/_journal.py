@@ -17,8 +17,7 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 from .. import errors
-from ..capture import dump_payload, load_payload, project_name
-from ..capture._singletons import home, stateless_type
+from ..capture import dump_payload, load_payload, project_name, sentinel_home, stateless_type
 from ..effects import Resource
 from ..store import Completion, JournalRecord
 from ._state import Resumption
@@ -294,7 +293,7 @@ def _equivalent(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
         return _equivalent(state_a, state_b, seen)
     plain_eq: bool = getattr(type(a), "__eq__", None) is object.__eq__
     if plain_eq and stateless_type(type(a)) and _stateless(a) and _stateless(b) \
-            and (home(a) is None or home(b) is None):
+            and (sentinel_home(a) is None or sentinel_home(b) is None):
         # two objects of one class with no state, one a copy: a bare object() sentinel
         # journaled as a copy (by tcc before sentinels were named) and the module's own one
         # now (two sentinels a module names, MISSING and DEFAULT, stay different calls)

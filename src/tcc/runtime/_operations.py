@@ -9,7 +9,6 @@ arguments and print what these functions return.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import time
 from typing import Any, Callable, Sequence
@@ -119,6 +118,8 @@ def answer(store: Store, run_id: str, approved: bool, comment: str | None = None
     wait_id = str(pending[-1]["id"])
     deadline = _wait_deadline(store, run_id, wait_id)
     if deadline is not None and deadline <= time.time():  # it timed out, whether or not the
+        import datetime  # (here: a resume imports this module, and needs no datetime)
+
         raise errors.UsageError(                          # run has resumed to see it yet
             f"approval {wait_id} of run {run_id} timed out at "
             f"{datetime.datetime.fromtimestamp(deadline).isoformat(sep=' ', timespec='seconds')}: "
