@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pid_alive"]
+__all__ = ["pid_alive", "proc_stat"]
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first, then the
+    parent's pid, ... the start time at index 19), or None (no such process, no procfs).
+    The command name is parenthesised and may itself contain ") "."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return data[data.rfind(")") + 2:].split()
 
 
 def pid_alive(pid: int) -> bool:

@@ -35,7 +35,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, cast
 
-from .._proc import pid_alive
+from .._proc import pid_alive, proc_stat
 from ..errors import RunNotFoundError, StoreConnectionError, StoreCorruptError
 from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
 from ._pinning import changed_files, manifest_of, policy_of
@@ -116,26 +116,17 @@ def _descends(pid: int, ancestor: int) -> bool:
     for _level in range(8):
         if pid == ancestor:
             return True
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                data = f.read().decode("ascii", "replace")
-            pid = int(data[data.rfind(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
+        fields = proc_stat(pid)
+        if fields is None or len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) <= 1:
             return False
-        if pid <= 1:
-            return False
+        pid = int(fields[1])
     return False
 
 
 def _stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP, a debugger): state T or t in /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
-        return False
-    fields = data[data.rfind(")") + 2:].split()
-    return bool(fields) and fields[0] in ("T", "t")
+    fields = proc_stat(pid)
+    return fields is not None and bool(fields) and fields[0] in ("T", "t")
 
 
 def unstarted_fork(run: RunInfo) -> bool:

@@ -108,6 +108,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._proc import proc_stat
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -254,13 +256,8 @@ def _executable_by(directory: Path, uid: int, gid: int) -> bool:
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, ppid) of a process from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = data[data.rfind(")") + 2:].split()
-    return fields[0], int(fields[1])
+    fields = proc_stat(pid)
+    return None if fields is None else (fields[0], int(fields[1]))
 
 
 # In each server's directory: "<pid> <start time> <host name>" of the process that made it, so that a later
@@ -272,12 +269,8 @@ _OWNER = "owner"
 def _process_id(pid: int) -> str:
     """``pid`` and its start time (clock ticks since boot, from /proc; 0 without /proc): a pid
     the kernel gave again to another process is not taken for the same process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-        start = data[data.rfind(")") + 2:].split()[19]
-    except (OSError, IndexError):
-        start = "0"
+    fields = proc_stat(pid)
+    start = fields[19] if fields is not None and len(fields) > 19 else "0"
     return f"{pid} {start}"
 
 
