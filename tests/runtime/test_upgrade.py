@@ -576,3 +576,46 @@ def test_an_await_in_an_except_clause_whose_exception_type_changed_is_refused(tm
     script.write_text(text.replace("out.append(await step(i))", "out.append(await step(i) * 2)"))
     _upgraded(cli, "exc")
     assert _result(cli.run("resume", "--json", "exc")) == [0, 2, 4, 6]
+
+
+def test_an_upgraded_fork_nobody_started_stays_unstarted(tmp_path):
+    """`tcc upgrade` claims a fork to rewrite its snapshot, moving it past epoch 1, but runs
+    none of it: a worker used to take the upgraded fork for a run whose owner died and ran its
+    what-if effects on the real world.  It stays a fork nobody started until `tcc resume`."""
+    source = """\
+    import pathlib
+    import tcc
+
+    LEDGER = pathlib.Path(__file__).with_name("ledger.txt")
+
+
+    @tcc.effect
+    async def act(what):
+        with LEDGER.open("a") as f:
+            f.write(what + "\\n")
+        return "did " + what
+
+
+    async def main():
+        answer = await act("question")
+        await tcc.checkpoint()
+        extra = await act(f"follow-up to {answer}")
+        return [answer, extra]
+    """
+    cli = Cli(tmp_path)
+    script = _write(tmp_path, source)
+    ledger = script.with_name("ledger.txt")
+    assert cli.run("run", "--run-id", "p", str(script)).returncode == 0
+    first = cli.show("p")["snapshots"][0]["number"]  # after the first effect
+    cli.run("fork", "p", "--at", str(first), "--answer", '"what-if"', "--run-id", "f", check=True)
+    script.write_text(textwrap.dedent(source).replace("return [answer, extra]", "return [answer, extra, 2]"))
+    _upgraded(cli, "f")
+    shown = cli.show("f")
+    assert shown["epoch"] > 1 and shown["unstarted_fork"] is True, shown
+    assert "a fork nobody started: `tcc resume f` starts it" in cli.run("show", "f", check=True).stdout
+    calls = ledger.read_text()
+    worker = cli.run("worker", "--once", check=True)
+    assert "resuming f" not in worker.stderr, worker.stderr
+    assert ledger.read_text() == calls and cli.show("f")["status"] == "running"
+    assert _result(cli.run("resume", "--json", "f")) == ["what-if", "did follow-up to what-if", 2]
+    assert ledger.read_text() == calls + "follow-up to what-if\n"

@@ -19,7 +19,7 @@ from ._globals import ModuleState
 from ..effects import EffectRequest
 from ._driver import Driver, Outcome
 from ._journal import LoggedCall, answered_request, logged_calls
-from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT, read_wait_args
+from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT, executed as _executed, read_wait_args
 from ._outcome import decode_child
 from ._parking import Parked
 from ._pinning import (CODE_MODES, CODE_POLICIES, DEFAULT_POLICY, CodeRecorder, Manifest, PinnedCode,
@@ -217,10 +217,11 @@ def _history(store: Store, run_id: str, epoch: int
              ) -> tuple[str | None, bool, set[tuple[str, int]], Manifest]:
     """From the run's events: its ``--verify`` function name; whether a process has
     executed it before the claim that gave this process ``epoch`` (``started``, or an
-    earlier claim: a fork that was never resumed has neither; the ``resumed`` event of
-    a claim is written with the claimant's first step and can be lost with it); the
-    attempts ``tcc retry`` issued, as (call key, attempt); and its code manifest."""
-    name, executed, retried = None, False, set()
+    earlier claim other than an upgrade's: a fork that was never resumed has neither; the
+    ``resumed`` event of a claim is written with the claimant's first step and can be lost
+    with it); the attempts ``tcc retry`` issued, as (call key, attempt); and its code
+    manifest."""
+    name, retried = None, set()
     events = store.events(run_id)
     for event in events:
         data = dict(event.data)
@@ -229,10 +230,7 @@ def _history(store: Store, run_id: str, epoch: int
         elif event.kind == "retried" and isinstance(data.get("key"), str) \
                 and isinstance(data.get("attempt"), int):
             retried.add((data["key"], data["attempt"]))
-        claimed = event.kind in ("taken_over", "reclaimed") and isinstance(data.get("new_epoch"), int) \
-            and data["new_epoch"] < epoch
-        executed = executed or claimed or event.kind in ("started", "resumed")
-    return name, executed, retried, manifest_of(events)
+    return name, _executed(events, before=epoch), retried, manifest_of(events)
 
 
 def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every: int, lease: float,

@@ -52,13 +52,13 @@ from ..capture import (NULL_SLOT, PINNED_PREFIX, check_frame_record, dump_stored
                        flow_instructions, flow_points, load_payload, slot_names, unseal)
 from ..store import FINAL_STATUSES, Store
 from . import _scripts
+from ._markers import UPGRADE_EVENT
 from ._pinning import (CodeRecorder, Manifest, compiled_codes, fingerprints_by_name, manifest_of,
                        project_root)
 from ._state import pack_state, unpack_state
 
 __all__ = ["FrameMap", "Plan", "upgrade"]
 
-UPGRADE_EVENT = "upgraded"
 _TCC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -789,7 +789,7 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
             return plan
         CodeRecorder(store, run_id, claimed.epoch, project_root(run.entry), manifest).reset(manifest)
         store.add_event(run_id, UPGRADE_EVENT, {
-            "from_snapshot": info.number,
+            "from_snapshot": info.number, "epoch": claimed.epoch,  # (its claim ran nothing)
             "frames": [{"function": f.qualname, "old_line": f.old_line, "new_line": f.new_line,
                         "dropped": f.dropped, "set": f.given, "renamed": f.renamed}
                        for f in plan.frames if f.changed],

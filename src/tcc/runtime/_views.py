@@ -232,7 +232,7 @@ def run_detail(store: Store, run_id: str, *, calls: int | None, show_value: Show
         # from this host or its lease ran out, so a resume or the worker takes it over)
         "owner_alive": owner_alive(run) if run.status == "running" else None,
         # a fork (`tcc fork`) nothing has resumed: only `tcc resume` starts it, never a worker
-        "unstarted_fork": unstarted_fork(run),
+        "unstarted_fork": unstarted_fork(run, store),
         "created": run.created,
         "updated": run.updated,
         "waits": pending_waits(store, run_id),

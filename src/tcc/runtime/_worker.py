@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from .._proc import pid_alive, proc_stat
 from ..errors import RunNotFoundError, StoreConnectionError, StoreCorruptError
 from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
+from ._markers import executed
 from ._pinning import changed_files, manifest_of, policy_of
 from ._scripts import script_display_name
 
@@ -129,11 +130,17 @@ def _stopped(pid: int) -> bool:
     return fields is not None and bool(fields) and fields[0] in ("T", "t")
 
 
-def unstarted_fork(run: RunInfo) -> bool:
+def unstarted_fork(run: RunInfo, store: Store | None = None) -> bool:
     """Whether ``run`` is a fork (``tcc fork``) that nothing has resumed yet: it starts only
     with an explicit ``tcc resume`` (README), never by a worker.  A fork is made at epoch 1,
-    owned by the process that made it; the first resume's claim moves it to epoch 2."""
-    return run.parent is not None and run.epoch == 1 and run.status == "running"
+    owned by the process that made it; the first resume's claim moves it to epoch 2.  A
+    ``tcc upgrade`` claims it too, without running it: past epoch 1 its events tell
+    (read from ``store``; without one, a fork past epoch 1 counts as started)."""
+    if run.parent is None or run.status != "running":
+        return False
+    if run.epoch == 1:
+        return True
+    return store is not None and not executed(store.events(run.run_id))
 
 
 def due(store: Store, run: RunInfo, now: float) -> str | None:
@@ -141,7 +148,7 @@ def due(store: Store, run: RunInfo, now: float) -> str | None:
     if run.status == "queued":  # unless a worker's resume holds it (its lease runs)
         return "submitted" if owner_dead(run, now) else None
     if run.status == "running":
-        if unstarted_fork(run):
+        if unstarted_fork(run, store):
             return None
         return "owner dead" if owner_dead(run, now) else None
     if run.status == "sleeping":
@@ -405,7 +412,7 @@ class Worker:
             now = time.time()
             if run.run_id in self.children or self.backoff.get(run.run_id, (0, 0.0))[1] > now:
                 return ("skip", None)
-            if unstarted_fork(run):  # fetched by its lease; left out of the next polls
+            if unstarted_fork(run, self.store):  # fetched by its lease; left out of the next polls
                 self.unstarted_forks[run.run_id] = now
                 return ("skip", None)
             reason = due(self.store, run, now)

@@ -275,11 +275,9 @@ def _waits(run_id: str, doc: dict[str, Any]) -> str:
 
 def run_fragment(doc: dict[str, Any], tree: dict[str, Any]) -> str:
     run_id = doc["id"]
-    kinds = {e["kind"] for e in doc["events"]}
     forked_from = next((e["data"].get("parent") for e in doc["events"] if e["kind"] == "forked"), None)
-    unstarted_fork = forked_from is not None and not kinds & {"resumed", "taken_over", "completed"}
     owner = h(doc["owner"])
-    if unstarted_fork:
+    if doc.get("unstarted_fork"):
         owner = '<span class="dim">none yet: a fork that has not been started (Resume starts it)</span>'
     elif doc["owner_alive"] is False:
         owner += ' <span class="gone">gone: a resume or the worker takes it over</span>'
