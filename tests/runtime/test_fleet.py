@@ -522,3 +522,46 @@ def test_a_fleet_worker_upgrades_a_run_killed_in_a_call_under_the_upgrade_policy
         assert "upgraded" in kinds and "in_doubt_verified" not in kinds
     finally:
         store.close()
+
+
+def test_a_worker_started_before_its_database_waits_for_it(tmp_path: pathlib.Path) -> None:
+    """A worker whose database is not up yet (a host booting, a deployment bringing both up)
+    used to exit 1 at once, so a fleet restarted out of order stayed down: it says so once,
+    waits, and serves the runs once the server answers.  `--once` still fails at once."""
+    from tcc.testing.postgres import ServerUnavailable, TemporaryServer
+
+    try:
+        server = TemporaryServer(fsync=False)
+        server.__enter__()
+    except ServerUnavailable as exc:
+        if os.environ.get("TCC_REQUIRE_POSTGRES", "").strip() not in ("", "0"):
+            pytest.fail(f"TCC_REQUIRE_POSTGRES is set but there is no PostgreSQL: {exc}", pytrace=False)
+        pytest.skip(f"no PostgreSQL: {exc}")
+    worker = None
+    try:
+        if not server.managed:
+            pytest.skip("$TCC_TEST_PG_DSN names a server this test may not stop")
+        pg = make_pg_store(server.create_database("boot"), tmp_path / "keys")
+        server.stop()
+        once = _tcc(pg, "hostB", "worker", "--once")
+        assert once.returncode == 1 and "cannot connect to the PostgreSQL store" in once.stderr, once.stderr
+        worker = Worker(pg, "hostB", tmp_path / "worker.log", "--poll", "0.2")
+        _wait_until("the worker to say the store is unreachable", lambda: "retrying every 0.2 s" in worker.log(),
+                    60, worker)
+        time.sleep(0.5)
+        assert worker.proc is not None and worker.proc.poll() is None, worker.log()
+        server.start()
+        _wait_until("the worker to reach the store", lambda: "the store is reachable" in worker.log(), 60, worker)
+        out = _tcc(pg, "laptop", "submit", "--run-id", "late", f"{WAIT_AGENT}:forkable")
+        assert out.returncode == 0, out.stderr
+        store = pg.open()
+        try:
+            _wait_until("the run to complete", lambda: store.get_run("late").status == "completed", 60, worker)
+            assert decode_result(store.get_run("late").result) == ["did question", "did follow-up to did question"]
+        finally:
+            store.close()
+        assert worker.log().count("retrying every") == 1, worker.log()
+    finally:
+        if worker is not None:
+            worker.stop()
+        server.__exit__(None, None, None)

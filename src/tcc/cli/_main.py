@@ -539,17 +539,44 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     # a PostgreSQL store exists once `tcc init` made it (opening it creates nothing unasked)
     new = not is_postgres_url(path) and not os.path.exists(os.path.join(os.path.abspath(path),
                                                                         "data.mdb"))
-    with _open(args, create=True) as store:
+    poll = args.poll if args.poll is not None else 5.0 if is_postgres_url(path) else 1.0
+    with _open_for_worker(args, poll) as store:
         if new:  # a worker may start before any run, but a mistyped path should not pass unseen
             print(f"tcc worker: there was no store at {_render.clean(path)}, so an empty one was created; "
                   "waiting for runs there (if you expected runs, check --store and $TCC_STORE)",
                   file=sys.stderr, flush=True)
-        poll = args.poll if args.poll is not None else 5.0 if is_postgres_url(path) else 1.0
         worker = runtime.Worker(
             store, concurrency=args.concurrency, poll=poll, lease=args.lease,
             log=lambda msg: print(_render.clean(msg), file=sys.stderr, flush=True),
         )
         return worker.serve(once=args.once)
+
+
+def _open_for_worker(args: argparse.Namespace, poll: float) -> Any:
+    """The worker's store.  A worker may start before its database does (a host booting, a
+    deployment bringing both up): an unreachable server is waited for, said once, as an
+    outage while it serves is; ``--once`` fails at once.  Any other error (no key, a wrong
+    one, no store there) is said and ends the worker."""
+    import time
+
+    from ..errors import StoreConnectionError
+
+    said = False
+    while True:
+        try:
+            store = _open(args, create=True)
+        except StoreConnectionError as exc:
+            if args.once:
+                raise
+            if not said:
+                print(f"tcc worker: {_render.clean(str(exc))}; retrying every {poll:g} s until "
+                      "it answers", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(poll)
+            continue
+        if said:
+            print("tcc worker: the store is reachable", file=sys.stderr, flush=True)
+        return store
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
