@@ -413,6 +413,27 @@ def test_checker_reports_a_run_still_waiting(agents):
     assert [(r.step, r.killed) for r in report.results] == [(1, True)]
 
 
+def test_checker_refuses_a_check_with_no_step_to_crash(agents, tmp_path):
+    """An agent that asks for an approval before any effect, checked without an answer, used to
+    pass with nothing checked (a test that cannot fail): the check is refused and says how to
+    answer the wait.  A run that stops at a wait after some steps is checked up to it, and the
+    report says the rest was not."""
+    script = tmp_path / "ask_first.py"
+    script.write_text("import tcc\n\n\n@tcc.effect\ndef act(what):\n    return what\n\n\n"
+                      "async def main():\n    ok = await tcc.approval('Go?')\n"
+                      "    return await act('go' if ok else 'stop')\n")
+    with pytest.raises(tcc.errors.UsageError) as caught:
+        tcc.testing.check_crash_every_step(str(script))
+    message = str(caught.value)
+    assert "made no journaled step before it stopped, waiting for <run> approval@1" in message, message
+    assert "approvals=True" in message and "nothing would be checked" in message, message
+    report = tcc.testing.check_crash_every_step(str(script), approvals=True)
+    report.raise_for_mismatch()
+    assert report.expected.result == "go" and report.steps == 2  # the approval, then act
+    partial = tcc.testing.check_crash_every_step(str(agents / "tt_waits.py"))
+    assert "checked up to that wait only" in str(partial), str(partial)
+
+
 def test_checker_detects_state_that_no_snapshot_can_bring_back(agents):
     """A value read outside an effect (the process id) differs after a resume: a mismatch named by step."""
     report = tcc.testing.check_crash_every_step(str(agents / "tt_pid.py"))

@@ -104,6 +104,9 @@ class Report:
                  f"{'ok' if self.ok else 'MISMATCH'} in {self.seconds:.1f} s",
                  f"  uninterrupted: {self.expected} after {self.steps} steps"
                  + (f" in {self.segments} processes" if self.segments > 1 else "")]
+        if self.expected.status == "waiting":
+            lines.append("  (checked up to that wait only: nothing answers it, so no step after it "
+                         "ran; answer it with approvals=/signals= to check the rest)")
         if not self.deterministic:
             lines.append(f"  NOT DETERMINISTIC: a second uninterrupted run gave {self.control}")
         lines += [f"  {r}" for r in self.results]
