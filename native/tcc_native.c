@@ -210,13 +210,55 @@ done:
     return result;
 }
 
+/* Whether the de-specialised bytecode of `co` has a LOAD_FAST_AND_CLEAR of
+ * local slot `index` (3.12+: an inlined comprehension saves an outer variable
+ * of the same name there, cell included, and uses the slot as a plain local
+ * until it stores the saved value back).  0 on 3.11, -1 with an exception set. */
+static int
+clears_slot(PyCodeObject *co, int index)
+{
+#ifdef LOAD_FAST_AND_CLEAR
+    PyObject *raw = PyCode_GetCode(co);
+    if (raw == NULL) {
+        return -1;
+    }
+    Py_ssize_t nunits = PyBytes_GET_SIZE(raw) / 2;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(raw);
+    int found = 0;
+    long ext = 0;
+    for (Py_ssize_t u = 0; u < nunits; u++) {
+        int op = b[2 * u];
+        long arg = (ext << 8) | b[2 * u + 1];
+        if (op == EXTENDED_ARG) {
+            ext = arg;
+            continue;
+        }
+        ext = 0;
+        if (op == LOAD_FAST_AND_CLEAR && arg == index) {
+            found = 1;
+            break;
+        }
+    }
+    Py_DECREF(raw);
+    return found;
+#else
+    (void)co;
+    (void)index;
+    return 0;
+#endif
+}
+
 /* Validate a record against a target generator without touching it.
+ * `shadowed` (NULL, None or bytes of one flag per local slot) names the cell
+ * slots the caller's flow analysis found saved by an inlined comprehension at
+ * this suspension point: such a slot may hold a plain value (or NULL), if the
+ * code clears it that way at all.
  * On success returns 0 and stores the frame state to write; on failure
  * returns -1 with an exception set. */
 static int
 validate_record(PyObject *obj, PyObject *code, int state, int offset,
                 PyObject *slots, PyObject **exc_inout, PyObject *null_marker,
-                int *new_frame_state)
+                PyObject *shadowed, int *new_frame_state)
 {
     if (!is_generator_like(obj)) {
         PyErr_Format(PyExc_TypeError,
@@ -283,9 +325,28 @@ validate_record(PyObject *obj, PyObject *code, int state, int offset,
      * this holds for unstarted frames too. */
     const unsigned char *kinds =
         (const unsigned char *)PyBytes_AS_STRING(co->co_localspluskinds);
+    const char *shadow = NULL;
+    if (shadowed != NULL && shadowed != Py_None) {
+        if (!PyBytes_Check(shadowed) || PyBytes_GET_SIZE(shadowed) != nlocalsplus) {
+            PyErr_Format(PyExc_TypeError,
+                         "shadowed slots of %U must be bytes of length %d",
+                         co->co_qualname, nlocalsplus);
+            return -1;
+        }
+        shadow = PyBytes_AS_STRING(shadowed);
+    }
     for (int i = 0; i < nlocalsplus; i++) {
         if (kinds[i] & (CO_FAST_CELL | CO_FAST_FREE)) {
             PyObject *v = PyTuple_GET_ITEM(slots, i);
+            if (!PyCell_Check(v) && shadow != NULL && shadow[i]) {
+                int cleared = clears_slot(co, i);
+                if (cleared < 0) {
+                    return -1;
+                }
+                if (cleared) {
+                    continue;  /* the cell waits on the value stack */
+                }
+            }
             if (!PyCell_Check(v)) {
                 PyObject *name = PyTuple_GetItem(co->co_localsplusnames, i);
                 PyErr_Format(PyExc_ValueError,
@@ -431,20 +492,20 @@ tcc_check_kinds(PyObject *module, PyObject *args)
     return PyLong_FromLong(-1);
 }
 
-#define RECORD_ARGS_FORMAT "OO!iiO!OO"
+#define RECORD_ARGS_FORMAT "OO!iiO!OO|O"
 
 static PyObject *
 tcc_check_frame(PyObject *module, PyObject *args)
 {
-    PyObject *obj, *code, *slots, *exc, *null_marker;
+    PyObject *obj, *code, *slots, *exc, *null_marker, *shadowed = NULL;
     int state, offset, new_frame_state;
     if (!PyArg_ParseTuple(args, RECORD_ARGS_FORMAT ":check_frame", &obj,
                           &PyCode_Type, &code, &state, &offset,
-                          &PyTuple_Type, &slots, &exc, &null_marker)) {
+                          &PyTuple_Type, &slots, &exc, &null_marker, &shadowed)) {
         return NULL;
     }
     if (validate_record(obj, code, state, offset, slots, &exc, null_marker,
-                        &new_frame_state) < 0) {
+                        shadowed, &new_frame_state) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -453,18 +514,18 @@ tcc_check_frame(PyObject *module, PyObject *args)
 static PyObject *
 tcc_write_frame(PyObject *module, PyObject *args)
 {
-    PyObject *obj, *code, *slots, *exc, *null_marker;
+    PyObject *obj, *code, *slots, *exc, *null_marker, *shadowed = NULL;
     int state, offset, new_frame_state;
     if (!PyArg_ParseTuple(args, RECORD_ARGS_FORMAT ":write_frame", &obj,
                           &PyCode_Type, &code, &state, &offset,
-                          &PyTuple_Type, &slots, &exc, &null_marker)) {
+                          &PyTuple_Type, &slots, &exc, &null_marker, &shadowed)) {
         return NULL;
     }
     /* Validation is repeated here even when the caller ran check_frame():
      * it is cheap, and it is the only thing standing between a bad record
      * and interpreter memory. */
     if (validate_record(obj, code, state, offset, slots, &exc, null_marker,
-                        &new_frame_state) < 0) {
+                        shadowed, &new_frame_state) < 0) {
         return NULL;
     }
     PyGenObject *gen = (PyGenObject *)obj;
@@ -1045,14 +1106,16 @@ static PyMethodDef tcc_methods[] = {
      "read_frame(gen, null) -> (state, offset, slots, exc, func)\n\n"
      "Read the frame of a generator or coroutine without disturbing it."},
     {"check_frame", tcc_check_frame, METH_VARARGS,
-     "check_frame(gen, code, state, offset, slots, exc, null) -> None\n\n"
-     "Validate a frame record against a fresh generator; write nothing."},
+     "check_frame(gen, code, state, offset, slots, exc, null, shadowed=None) -> None\n\n"
+     "Validate a frame record against a fresh generator; write nothing.\n"
+     "shadowed: bytes, a flag per local slot: a cell slot an inlined\n"
+     "comprehension cleared at this point may hold a plain value."},
     {"check_kinds", tcc_check_kinds, METH_VARARGS,
      "check_kinds(slots, kinds, null, lasti_max) -> int\n\n"
      "Index of the first slot that lacks a kind it needs (flags in kinds[i],\n"
      "see KIND_*), or -1.  NULL slots and kind 0 are not checked."},
     {"write_frame", tcc_write_frame, METH_VARARGS,
-     "write_frame(gen, code, state, offset, slots, exc, null) -> None\n\n"
+     "write_frame(gen, code, state, offset, slots, exc, null, shadowed=None) -> None\n\n"
      "Validate a frame record, then write it into a fresh generator."},
     {NULL, NULL, 0, NULL},
 };

@@ -28,14 +28,14 @@ def read_frame(gen: Any, null: object, /) -> tuple[int, int, tuple[Any, ...], Ba
     """(state, offset, slots, exc, func) of a generator's or coroutine's frame, undisturbed."""
 
 def check_frame(gen: Any, code: Any, state: int, offset: int, slots: tuple[Any, ...],
-                exc: BaseException | None, null: object, /) -> None:
+                exc: BaseException | None, null: object, shadowed: bytes | None = None, /) -> None:
     """Validate a frame record against a fresh generator; write nothing."""
 
 def check_kinds(slots: tuple[Any, ...], kinds: Any, null: object, lasti_max: int, /) -> int:
     """Index of the first slot that lacks a kind it needs (``KIND_*`` flags), or -1."""
 
 def write_frame(gen: Any, code: Any, state: int, offset: int, slots: tuple[Any, ...],
-                exc: BaseException | None, null: object, /) -> None:
+                exc: BaseException | None, null: object, shadowed: bytes | None = None, /) -> None:
     """Validate a frame record, then write it into a fresh generator."""
 
 def dict_version(d: dict[Any, Any], /) -> int:

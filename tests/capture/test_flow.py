@@ -166,6 +166,16 @@ async def t_unstarted(n: int) -> Any:
     return now, await later
 
 
+async def t_cell_shadow(n: int) -> Any:
+    """A comprehension's loop variable named like a closure's cell (3.12+ keeps the cell on
+    the stack and the slot plain), once and nested (the inner one saves a NULL above it)."""
+    name, other = "outer", "other"
+    label = lambda: (name, other)  # noqa: E731
+    got = {name: await call("cs", name) for name in range(n)}
+    nested = [[await call("cs2", (name, j)) for name in "xy"] for j in range(2)]
+    return got, nested, label()
+
+
 TRICKY = {
     "t_with": lambda: t_with("w"),
     "t_async_with": lambda: t_async_with("a"),
@@ -180,6 +190,7 @@ TRICKY = {
     "t_unbound_false": lambda: t_unbound(False),
     "t_generators": lambda: t_generators(3),
     "t_unstarted": lambda: t_unstarted(2),
+    "t_cell_shadow": lambda: t_cell_shadow(2),
 }
 
 ALL = {**programs.PROGRAMS, **TRICKY}
@@ -205,13 +216,19 @@ def frames_of(task: Any) -> Iterator[tuple[Any, Any]]:
     for gen in gens:
         record = _native.read_frame(gen, NULL)
         yield gen, record
-        frame = gen.gi_frame if isinstance(gen, types.GeneratorType) else gen.cr_frame
-        if frame is not None:
-            for value in frame.f_locals.values():
-                if isinstance(value, _frames.GENERATOR_TYPES) and value is not gen:
-                    inner = _native.read_frame(value, NULL)
-                    if inner[0] in (_frames.CREATED, _frames.SUSPENDED):
-                        yield value, inner
+        # the locals from the record, not frame.f_locals: on 3.13.0 reading f_locals of a
+        # frame suspended in a comprehension that shadows a cell crashes CPython itself
+        for slot in record[2][:nlocalsplus(_frames.code_of(gen))]:
+            value = slot
+            if type(slot) is types.CellType:
+                try:
+                    value = slot.cell_contents
+                except ValueError:  # an empty cell
+                    continue
+            if isinstance(value, _frames.GENERATOR_TYPES) and value is not gen:
+                inner = _native.read_frame(value, NULL)
+                if inner[0] in (_frames.CREATED, _frames.SUSPENDED):
+                    yield value, inner
 
 
 def points(name: str) -> int:
@@ -493,8 +510,9 @@ for name in names:
                         m = slots2[:-1]
                     target = _frames.fresh_generator(func2)
                     keep.append(target)
+                    shadowed = _flow.shadowed_cells(code, offset2) if state2 == _frames.SUSPENDED else None
                     try:
-                        _native.check_frame(target, code, state2, offset2, m, exc2, NULL)
+                        _native.check_frame(target, code, state2, offset2, m, exc2, NULL, shadowed)
                     except (TypeError, ValueError):
                         stats["rejected_native"] += 1
                         continue
@@ -505,7 +523,7 @@ for name in names:
                         continue
                     stats["accepted"] += 1
                     print(json.dumps(["start", name, k, j, code.co_qualname, tag, how]), file=sys.stderr, flush=True)
-                    _native.write_frame(target, code, state2, offset2, m, exc2, NULL)
+                    _native.write_frame(target, code, state2, offset2, m, exc2, NULL, shadowed)
                     try:
                         if how == "drive":
                             programs.drive(target, first=pend2)
@@ -681,3 +699,48 @@ def test_the_fast_decoder_reads_every_standard_library_code_as_dis_does():
         extended += sum(op == dis.opmap["EXTENDED_ARG"] for _, op, *_ in _flow.raw_instructions(code))
     del pkgutil
     assert checked > 2000 and extended > 100
+
+
+def test_a_cell_a_comprehension_keeps_on_the_stack():
+    """On 3.12+ a frame suspended inside a comprehension whose loop variable shadows a cell holds
+    a plain value in the cell's slot: accepted, with the cell on the stack.  The native check
+    allows that only for a slot the code clears with LOAD_FAST_AND_CLEAR, and only when told;
+    anything but a cell in the stack slot the comprehension stores back is refused."""
+    task, pending = at_point("t_cell_shadow", 1)  # inside the dict comprehension
+    state, offset, slots, exc, func = _native.read_frame(task, NULL)
+    code = task.cr_code
+    slot = _frames.slot_names(code).index("name")
+    shadowed = _flow.shadowed_cells(code, offset)
+    if not PY312:
+        assert shadowed is None and type(slots[slot]) is types.CellType
+        finish(task, pending)
+        return
+    assert shadowed is not None and shadowed[slot] == 1 and type(slots[slot]) is not types.CellType
+    _flow.check_record_shape(code, offset, slots, NULL)
+    fresh = _frames.fresh_generator(func)
+    with pytest.raises(ValueError, match="must hold a cell"):  # not told: refused as before
+        _native.check_frame(fresh, code, state, offset, slots, exc, NULL)
+    with pytest.raises(TypeError, match="bytes of length"):
+        _native.check_frame(fresh, code, state, offset, slots, exc, NULL, b"\x01")
+    # the cell the comprehension stores back, replaced by a plain value: refused
+    at = nlocalsplus(code) + [i for i, v in enumerate(slots[nlocalsplus(code):])
+                              if type(v) is types.CellType][0]
+    with pytest.raises(ValueError, match="keeps the cell of 'name'"):
+        _flow.check_record_shape(code, offset, slots[:at] + ("x",) + slots[at + 1:], NULL)
+    _native.write_frame(fresh, code, state, offset, slots, exc, NULL, shadowed)
+    trace, result = programs.drive(fresh, first=pending)
+    assert result == repr(({0: "cs<0>", 1: "cs<1>"}, [[f"cs2<({k!r}, {j})>" for k in "xy"] for j in range(2)],
+                           ("outer", "other")))
+    finish(task, pending)
+    # a cell slot the code never clears that way must hold a cell, whatever the caller says
+    task, pending = at_point("t_cell_shadow", 1)
+    state, offset, slots, exc, func = _native.read_frame(task, NULL)
+    other = _frames.slot_names(code).index("other")
+    forced = bytearray(shadowed)
+    forced[other] = 1
+    bad = slots[:other] + ("not a cell",) + slots[other + 1:]
+    target = _frames.fresh_generator(func)
+    with pytest.raises(ValueError, match="'other'.* must hold a cell"):
+        _native.check_frame(target, code, state, offset, bad, exc, NULL, bytes(forced))
+    target.close()
+    finish(task, pending)

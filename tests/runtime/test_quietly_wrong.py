@@ -815,3 +815,20 @@ def test_an_exception_with_notes_and_a_live_attribute_is_journaled_once_with_its
     assert type(copy) is Failed and copy.args == ("503",) and not hasattr(copy, "pool")
     assert copy.__notes__[0] == "while calling the API" and "dropped: pool" in copy.__notes__[1]
     assert exc.__notes__ == ["while calling the API"] and len(copy.__notes__) == 2
+
+
+# ------------------------------------ a comprehension's loop variable shadowing a closure's cell
+
+def test_an_await_in_a_comprehension_shadowing_a_cell_resumes_after_a_crash(tmp_path):
+    """`{name: await f(name) for name in ...}` in a function where a lambda closes over
+    `name`: on 3.12+ the frame suspended inside holds a plain value in the cell's slot (the
+    cell waits on the value stack), which the restore refused ("must hold a cell"), so every
+    resume of such a run failed for good.  Also nested, where the inner comprehension saves a
+    NULL above the cell."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "comprehension_cell_agent.py")
+    expected = [{"a": "A", "b": "B", "c": "C"},
+                [["('X', 0)", "('Y', 0)"], ["('X', 1)", "('Y', 1)"]], "[default]", "k"]
+    assert _result(cli.run("run", "--json", script)) == expected
+    for after in (2, 5):  # inside the dict comprehension; inside the nested one
+        assert _killed_then_resumed(cli, f"c{after}", script, after=after) == expected

@@ -170,8 +170,10 @@ def _check_record(gen: Any, record: Any) -> tuple[tuple[Any, ...], str, str]:
     _version, state, offset, slots, exc, name, qualname = record
     if not (isinstance(name, str) and isinstance(qualname, str)):
         raise errors.CorruptSnapshotError(f"malformed frame record for {where}: bad name")
-    args = (gen, code, state, offset, slots, exc, _records.NULL)
     try:
+        # (the cell slots an inlined comprehension cleared at this point, from the analysis)
+        shadowed = _flow.shadowed_cells(code, offset) if state == _frames.SUSPENDED else None
+        args = (gen, code, state, offset, slots, exc, _records.NULL, shadowed)
         _frames.native().check_frame(*args)
         # The native check bounds the stack; the flow analysis pins its exact
         # depth and where a NULL may legally sit, so that no record -- however

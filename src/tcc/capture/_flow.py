@@ -455,7 +455,7 @@ class _CodeInfo:
             i for i, name in enumerate(code.co_varnames) if name not in cells
         )
         self.points: dict[int, _Point] = {}
-        self.flow_cache: dict[tuple[int, int, int], tuple[int, int] | None] = {}
+        self.flow_cache: dict[tuple[int, int, int, int], tuple[int, int] | None] = {}
         self.flow_ok = _UNCHECKED_LOADS  # rule 3 applies
         self.decided = True  # the analysis modelled this code
         # Rule 4 for locals: a (sync) generator expression or comprehension
@@ -625,16 +625,18 @@ class _CodeInfo:
     # -- rule 3: forward from the resumption point, with the record's NULLs --
 
     def unchecked_null_read(
-        self, point: _Point, depth: int, lmask: int, smask: int
+        self, point: _Point, depth: int, lmask: int, smask: int, extra_plain: int = 0
     ) -> tuple[int, int] | None:
-        """First (instruction index, local) an unchecked load of a maybe-NULL local hits."""
-        key = (point.start, lmask, smask)
+        """First (instruction index, local) an unchecked load of a maybe-NULL local hits
+        (``extra_plain``: cell slots a comprehension uses as plain locals at this point)."""
+        key = (point.start, lmask, smask, extra_plain)
         try:
             return self.flow_cache[key]
         except KeyError:
             pass
         try:
-            result = _flow(self.instrs, point.start, depth, lmask, smask, self.plain_mask())
+            result = _flow(self.instrs, point.start, depth, lmask, smask,
+                           self.plain_mask() | extra_plain)
         except _Undecidable:
             result = None
         if len(self.flow_cache) > 512:
@@ -1153,6 +1155,45 @@ def _check_types(info: _CodeInfo, offset: int, point: _Point, slots: tuple[Any, 
         f"{what}: {who}")
 
 
+def _cleared_cells(info: _CodeInfo, point: _Point) -> dict[int, int]:
+    """``{cell slot: stack position}``: the cell and free-variable slots an inlined
+    comprehension (3.12+) has saved on the value stack at ``point`` with
+    ``LOAD_FAST_AND_CLEAR``, using the slot as a plain local of its own until it stores
+    the saved cell back.  While suspended there the slot holds that local (or NULL), and
+    the stack position the cell: the lowest one, when comprehensions nest (an inner one
+    saves the outer one's local, which may be NULL, above it)."""
+    cells = set(info.code.co_cellvars)
+    nfree = len(info.code.co_freevars)
+    out: dict[int, int] = {}
+    for pos, (index, _out) in enumerate(point.makers):
+        if index < 0:
+            continue
+        ins = info.instrs[index]
+        if ins.name != "LOAD_FAST_AND_CLEAR" or not 0 <= ins.arg < info.nlocalsplus:
+            continue
+        slot = ins.arg
+        if info.names[slot] in cells or slot >= info.nlocalsplus - nfree:
+            out.setdefault(slot, pos)
+    return out
+
+
+def shadowed_cells(code: types.CodeType, offset: int) -> bytes | None:
+    """For ``tcc._native.check_frame``/``write_frame``: one flag per local slot, set for
+    the cell slots an inlined comprehension has cleared at suspension point ``offset``
+    (see :func:`_cleared_cells`); None if there are none."""
+    info = _info(code)
+    point = info.points.get(offset)
+    if point is None:
+        return None
+    cleared = _cleared_cells(info, point)
+    if not cleared:
+        return None
+    flags = bytearray(info.nlocalsplus)
+    for slot in cleared:
+        flags[slot] = 1
+    return bytes(flags)
+
+
 def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...], null: Any) -> None:
     """Raise ValueError unless ``slots`` has a shape ``code`` can resume at ``offset``.
 
@@ -1201,6 +1242,21 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
     for i in info.plain_locals:
         if slots[i] is null:
             lmask |= 1 << i
+    # A cell slot an inlined comprehension cleared holds its own plain local (which may be
+    # NULL) while the cell waits on the stack, to be stored back: that stack slot must hold
+    # a cell, or the LOAD_DEREFs after the comprehension would read something else as one.
+    extra_plain = 0
+    for slot, pos in _cleared_cells(info, point).items():
+        extra_plain |= 1 << slot
+        if slots[slot] is null:
+            lmask |= 1 << slot
+        saved = slots[nlp + pos] if nlp + pos < n else null
+        if type(saved) is not types.CellType:
+            raise ValueError(
+                f"record of {_where(info, offset)} has "
+                f"{'NULL' if saved is null else type(saved).__name__} in "
+                f"{_slot_name(info, nlp + pos)}, where a comprehension keeps the cell of "
+                f"{info.names[slot]!r} until it stores it back")
     null_ok = point.null_ok
     for i in range(nlp, n):
         if slots[i] is null:
@@ -1221,7 +1277,7 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
     _check_types(info, offset, point, slots, null)
     if not info.flow_ok or (lmask == 0 and smask == 0):
         return
-    hit = info.unchecked_null_read(point, depth, lmask, smask)
+    hit = info.unchecked_null_read(point, depth, lmask, smask, extra_plain)
     if hit is None:
         return
     # The analysis is distributive: one NULL alone reaches the read.
@@ -1231,7 +1287,7 @@ def check_record_shape(code: types.CodeType, offset: int, slots: tuple[Any, ...]
             single = (1 << i, 0) if lmask >> i & 1 else None
         else:
             single = (0, 1 << (i - nlp)) if smask >> (i - nlp) & 1 else None
-        if single is not None and info.unchecked_null_read(point, depth, *single) is not None:
+        if single is not None and info.unchecked_null_read(point, depth, *single, extra_plain) is not None:
             culprit = i
             break
     at, local = hit
