@@ -574,3 +574,28 @@ def test_the_upgrade_policy_moves_a_run_killed_in_a_call_after_its_next_snapshot
     assert "was upgraded onto the current code" in proc.stderr
     kinds = [e["kind"] for e in cli.show("u")["events"]]
     assert "upgraded" in kinds
+
+
+def test_a_run_the_upgrade_policy_moved_stays_on_the_current_code_after_another_crash(tmp_path):
+    """The process that ran the recorded code to its next snapshot and upgraded the run still
+    had the recorded modules loaded, and its later snapshots named them again: killed after
+    the upgrade (or parked and resumed), the run went back to the old code, quietly (or, with
+    its entry function edited, could never be restored again)."""
+    script = _in_flight_project(tmp_path)
+    cli = Cli(tmp_path, KILL_IN="2", MARK=str(tmp_path / "mark"))
+    proc = cli.run("run", "--run-id", "u", "--on-code-change", "upgrade", str(script), "6")
+    assert proc.returncode == -9, proc.stderr
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="2")
+    # call 2 on the recorded code (the first leg's only step), the upgrade, then calls 3 and 4
+    # on the current code (the second leg's steps): killed there
+    proc = killer.run("resume", "u")
+    assert proc.returncode == -9 and "was upgraded onto the current code" in proc.stderr, proc.stderr
+    shown = cli.show("u")
+    assert not any(e["kind"] == "code" and any(n.startswith("__tcc_pinned_") for n in e["data"]["modules"])
+                   for e in shown["events"][[e["kind"] for e in shown["events"]].index("upgraded"):]), shown
+    proc = cli.run("resume", "--json", "u")
+    assert _result(proc) == [0, 10, "late", 200, 300, 400, 500]  # call 5: 50 on the old code
+    assert "continues on the code it recorded" not in proc.stderr, proc.stderr

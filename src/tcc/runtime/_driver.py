@@ -58,8 +58,9 @@ from ._state import Resumption, RunState, pack_state
 from ._trace import Tracer
 
 
-# Test hook: ``TCC_TEST_KILL_AFTER=K`` SIGKILLs this process right after it has committed
-# its K-th journaled step (effect call, gather, wait, sleep or spawn); 0 or unset: never.
+# Test hook: ``TCC_TEST_KILL_AFTER=K`` SIGKILLs this process right after its driver has
+# committed its K-th journaled step (effect call, gather, wait, sleep or spawn; counted per
+# driver, so again from 1 after an upgrade between two legs of one resume); 0 or unset: never.
 # ``tcc.testing.check_crash_every_step`` uses it to crash a real process at every step.
 _KILL_AFTER = int(os.environ.get("TCC_TEST_KILL_AFTER") or 0)
 

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import errors
-from ..capture import dump_payload
+from ..capture import PINNED_PREFIX, dump_payload
 from ..effects import Effect, Resource
 
 _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
@@ -116,8 +116,12 @@ class ModuleState:
     """The agent's modules and what their import bound, for one process."""
 
     def __init__(self, script_module: types.ModuleType, *,
-                 resolve: Callable[[str], types.ModuleType | None] | None = None) -> None:
+                 resolve: Callable[[str], types.ModuleType | None] | None = None,
+                 pinned: bool = False) -> None:
         self.script = script_module
+        # whether the run runs on pinned code in this process: else a pinned module loaded
+        # here (an upgrade's first leg ran on it) is none of its modules
+        self.pinned = pinned
         # the module a snapshot's module name stands for (pinned code), None: sys.modules
         self.resolve = resolve
         file = getattr(script_module, "__file__", None) or ""
@@ -186,7 +190,9 @@ class ModuleState:
             return
         self._seen_modules = len(sys.modules)
         found = [m for m in list(sys.modules.values())
-                 if isinstance(m, types.ModuleType) and self._belongs(m)]
+                 if isinstance(m, types.ModuleType) and self._belongs(m)
+                 and (self.pinned or m is self.script
+                      or not str(getattr(m, "__name__", "")).startswith(PINNED_PREFIX))]
         for module in found:
             if module.__name__ not in self._from_import:
                 self._from_import[module.__name__] = self._import_bound(module)

@@ -236,6 +236,9 @@ class CodeRecorder:
         # names the run continues on pinned versions of: a current module of that name
         # loaded here (by a library, importlib) is not the run's code, and is not recorded
         self.pinned_from = {entry["from"] for entry in known.values() if entry.get("from")}
+        # whether this run runs on pinned code in this process: otherwise a pinned module
+        # loaded here is not its code (an upgrade's first leg loaded it; the run has left it)
+        self.record_pinned = False
         self._seen = 0
         self._judged: dict[str, types.ModuleType] = {}
         self._stored: set[str] = set()
@@ -255,7 +258,7 @@ class CodeRecorder:
             if not isinstance(module, types.ModuleType) or self._judged.get(name) is module:
                 continue
             self._judged[name] = module
-            if name in self.pinned_from:
+            if name in self.pinned_from or (name.startswith(PINNED_PREFIX) and not self.record_pinned):
                 continue
             found = self._source_of(name, module)
             if found is None:

@@ -246,6 +246,7 @@ def _make_driver(store: Store, run: RunInfo, strategy: str, *, checkpoint_every:
         code = CodeRecorder(store, run.run_id, run.epoch, project_root(run.entry), manifest or {})
         if pinned is not None:  # a current module of a name the run runs pinned is not its code
             code.pinned_from.update(pinned.names())
+            code.record_pinned = pinned.active
 
     def spawner(child_id: str, func: str, args: tuple[Any, ...]) -> tuple[str, Any]:
         try:
@@ -423,7 +424,7 @@ def start(
     modules = None
     if strategy != "replay":
         modules = ModuleState(_scripts.entry_module(entry)) if pinned is None else \
-            ModuleState(pinned.entry_module(entry), resolve=pinned.resolve)
+            ModuleState(pinned.entry_module(entry), resolve=pinned.resolve, pinned=pinned.active)
     left = modules.left_to_import() if modules is not None else []
     if left:
         info["rebuilt_by_import"] = left
@@ -655,7 +656,7 @@ def resume(
         set_process_modules(pinned.resolve)
     snapshot = store.latest_good_snapshot(run_id) if strategy != "replay" else None
     # What the fresh import bound, before a snapshot's module-level data overwrites it.
-    modules = ModuleState(pinned.entry_module(run.entry), resolve=pinned.resolve) \
+    modules = ModuleState(pinned.entry_module(run.entry), resolve=pinned.resolve, pinned=pinned.active) \
         if strategy != "replay" else None
     if snapshot is not None:
         info, payload = snapshot
