@@ -291,6 +291,28 @@ def test_the_refuse_policy_refuses_and_the_upgrade_policy_upgrades(tmp_path):
     assert [e["kind"] for e in cli.show("upg")["events"]].count("upgraded") == 1
 
 
+def test_the_refuse_policy_refuses_an_edit_outside_the_suspended_frames_too(tmp_path):
+    """Under --on-code-change refuse, an edit of a helper the suspended frames do not run
+    (here `helpers.shape`) was not refused: `tcc ls` said the run needed a decision, but `tcc
+    resume` continued it on the edited helper, with no word.  It waits for the decision; each
+    one given with `--code` is taken."""
+    expected = _uninterrupted(tmp_path, "5")
+    cli = Cli(tmp_path)
+    script = _project(tmp_path)
+    for run_id in ("a", "b"):
+        _killed(cli, run_id, str(script), "5", "--on-code-change", "refuse", after=2)
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    refused = cli.run("resume", "a")
+    assert refused.returncode == 1, refused.stderr
+    assert "its code changed since it recorded it (helpers) and its policy is refuse" in refused.stderr
+    assert "`tcc resume --code pinned a`" in refused.stderr and "`tcc upgrade a`" in refused.stderr
+    assert cli.show("a")["status"] == "running"
+    assert _result(cli.run("resume", "--json", "--code", "pinned", "a")) == expected
+    current = _result(cli.run("resume", "--json", "--code", "current", "b"))
+    assert current == [1, 102, 203, 304, 405], current  # the new helper from the snapshot on
+
+
 def test_ls_and_show_say_which_runs_code_changed_and_what_a_resume_does(tmp_path):
     cli = Cli(tmp_path)
     script = _project(tmp_path)
@@ -574,6 +596,24 @@ def test_the_upgrade_policy_moves_a_run_killed_in_a_call_after_its_next_snapshot
     assert "was upgraded onto the current code" in proc.stderr
     kinds = [e["kind"] for e in cli.show("u")["events"]]
     assert "upgraded" in kinds
+
+
+def test_resume_code_upgrade_moves_a_pinned_run_killed_in_a_call(tmp_path):
+    """A run under the default (pinned) policy killed inside a call could not be moved onto
+    the new code at all: `tcc upgrade` was refused (the call belongs to the old frame), its
+    advice named a policy the run did not have, and `--code current` was refused too.
+    `tcc resume --code upgrade` does for one resume what the upgrade policy does."""
+    script = _in_flight_project(tmp_path)
+    cli = Cli(tmp_path, KILL_IN="2", MARK=str(tmp_path / "mark"))
+    proc = cli.run("run", "--run-id", "p", str(script), "4")
+    assert proc.returncode == -9, proc.stderr
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    refused = cli.run("upgrade", "p")
+    assert refused.returncode != 0 and "`tcc resume --code upgrade p`" in refused.stdout + refused.stderr
+    proc = cli.run("resume", "--json", "--code", "upgrade", "p")
+    assert _result(proc) == [0, 10, "late", 200, 300]
+    assert "was upgraded onto the current code" in proc.stderr
 
 
 def test_a_run_the_upgrade_policy_moved_stays_on_the_current_code_after_another_crash(tmp_path):

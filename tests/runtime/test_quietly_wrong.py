@@ -288,8 +288,11 @@ def test_retry_refuses_a_run_that_failed_in_its_own_code(tmp_path):
     """A KeyError of the agent itself is not an effect call to retry."""
     cli = Cli(tmp_path)
     assert cli.run("run", "--run-id", "b", f"{QUIET / 'answer_agent.py'}:buggy").returncode == 1
+    epoch = cli.show("b")["epoch"]
     proc = cli.run("retry", "b")
     assert proc.returncode == 2 and "did not fail in an effect call" in proc.stderr
+    # refused before anything was taken over: no "resuming", no claim, no events
+    assert "resuming" not in proc.stdout and cli.show("b")["epoch"] == epoch
 
 
 def test_keep_retains_more_snapshots_for_fork_at(tmp_path):

@@ -194,11 +194,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     resume.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
                         help="ownership lease, renewed while the run is alive (default: 30)")
     resume.add_argument("--steal", action="store_true", help="take the run even if its owner's lease is live")
-    resume.add_argument("--code", choices=("current", "pinned"), default=None,
+    resume.add_argument("--code", choices=("current", "pinned", "upgrade"), default=None,
                         help="current: the code as it is now, refused where a suspended frame's "
                         "code changed; pinned: the code the run recorded, if the files changed "
-                        "since; default: the run's --on-code-change policy (README, \"Changing "
-                        "code under running agents\")")
+                        "since; upgrade: as the upgrade policy does, for this resume; default: "
+                        "the run's --on-code-change policy (README, \"Changing code under "
+                        "running agents\")")
     resume.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="at a tcc.wait_for/approval, wait this long in-process before parking")
     # a worker hands the run it claimed at this epoch to the resume it starts
@@ -213,6 +214,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                        help="ownership lease, renewed while the run is alive (default: 30)")
     retry.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                        help="at a tcc.wait_for/approval, wait this long in-process before parking")
+    retry.add_argument("--code", choices=("current", "pinned", "upgrade"), default=None,
+                       help="as for `tcc resume`: which code the retried run continues on when its "
+                       "files changed (default: its --on-code-change policy)")
     retry.add_argument("run_id", metavar="RUN_ID")
     retry.set_defaults(handler=_cmd_retry)
 
@@ -417,12 +421,12 @@ def _cmd_retry(args: argparse.Namespace) -> int:
     from .. import runtime
 
     with _open(args, create=False) as store:
-        run = store.get_run(args.run_id)
-        if run.status != "failed":  # said before "resuming", as resume says its refusals
-            runtime.retry(store, args.run_id)
+        runtime.check_retry(store, args.run_id)  # said before "resuming", as resume says its refusals
         _render.started(args.run_id, resumed=True, as_json=args.json)
-        outcome = runtime.retry(store, args.run_id, lease=args.lease,
-                                progress=_render.progress_printer(), wait_seconds=args.wait)
+        outcome = runtime.retry(store, args.run_id, lease=args.lease, code=args.code,
+                                progress=_render.progress_printer(), wait_seconds=args.wait,
+                                on_notice=lambda text: print(f"tcc: note: {_render.clean(text)}",
+                                                             file=sys.stderr))
         return _render.outcome(outcome, as_json=args.json)
 
 

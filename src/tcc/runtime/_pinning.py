@@ -51,7 +51,7 @@ from ._globals import _in_site_packages, _real_path
 __all__ = ["CODE_EVENT", "CODE_MODES", "CODE_POLICIES", "DEFAULT_POLICY", "policy_of", "CodeRecorder", "PinnedCode", "manifest_of", "project_root"]
 
 CODE_EVENT = "code"
-CODE_MODES = ("current", "pinned")  # what ``tcc resume --code`` accepts
+CODE_MODES = ("current", "pinned", "upgrade")  # what ``tcc resume --code`` accepts
 #: What ``tcc resume`` (and the worker) does when a run's recorded code differs from the
 #: files (``tcc run --on-code-change``): continue on the recorded code, refuse, or move
 #: the run onto the new code first (``tcc upgrade``).

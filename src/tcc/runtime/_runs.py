@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from .. import errors
-from ..capture import load_payload, native_available, process_modules, set_process_modules, unseal
+from ..capture import PINNED_PREFIX, load_payload, native_available, process_modules, set_process_modules, unseal
 from ..store import (FINAL_STATUSES, FINISHED_STATUSES, HOST, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
                      Store)
 from . import _scripts
@@ -151,13 +151,29 @@ def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
     flight at a crash after the newest snapshot, which belongs to the old code's frame); and
     the epoch to claim the run at (``claimed_epoch``; None once the upgrade, in this process,
     has claimed it)."""
-    if code is not None:
+    if code is not None and code != "upgrade":
         return code, None, False, claimed_epoch
     if strategy == "replay":
         return "current", None, False, claimed_epoch
     events = store.events(run.run_id)
     policy, manifest = policy_of(events), manifest_of(events)
-    if policy == "refuse" or not manifest:
+    if code == "upgrade":  # for this resume, whatever the run's policy
+        policy = "upgrade"
+    if not manifest:
+        return "current", manifest, False, claimed_epoch
+    if policy == "refuse":
+        # any change, in a suspended frame or not, waits for a person; a run already on its
+        # recorded code (a fork taken on it after an edit, a decision made before) stays on it
+        changed = [] if any(n.startswith(PINNED_PREFIX) for n in manifest) else changed_files(manifest)
+        if changed:
+            verb = "retry" if run.status == "failed" else "resume"
+            raise errors.CodeChangedError(
+                f"run {run.run_id}: its code changed since it recorded it "
+                f"({', '.join(_scripts.script_display_name(n) for n in changed)}) and its policy "
+                f"is refuse, so it waits for a decision: `tcc {verb} --code pinned {run.run_id}` "
+                f"continues it on the code it recorded, `tcc {verb} --code current "
+                f"{run.run_id}` on the current code (refused where a suspended frame's code "
+                f"changed), `tcc upgrade {run.run_id}` moves it onto the current code")
         return "current", manifest, False, claimed_epoch
     if policy == "pinned" or not changed_files(manifest):
         return "pinned", manifest, False, claimed_epoch
@@ -504,9 +520,20 @@ def retry(store: Store, run_id: str, **options: Any) -> Outcome:
     return resume(store, run_id, retry_failed=True, **options)
 
 
-def _retry_plan(store: Store, run: RunInfo, resumption: Resumption, calls: int,
-                replay: list[LoggedCall]) -> tuple[Resumption, int, list[LoggedCall]]:
-    """``resumption``, the call count and the journal to serve for :func:`retry`."""
+def check_retry(store: Store, run_id: str) -> None:
+    """What :func:`retry` refuses before it takes anything over: UsageError unless run
+    ``run_id`` failed in an effect call it can issue again."""
+    run = store.get_run(run_id)
+    if run.status != "failed":
+        raise errors.UsageError(f"run {run_id} is {run.status}, not failed; there is nothing to retry"
+                                + (f" (`tcc resume {run_id}` continues it)"
+                                   if run.status not in (*RETURNED_STATUSES, *FINAL_STATUSES) else ""))
+    _failed_call(store, run)
+
+
+def _failed_call(store: Store, run: RunInfo) -> LoggedCall:
+    """The effect call a failed run failed in, which :func:`retry` issues again; UsageError
+    if there is none (the run failed in its own code, or in a gathered call)."""
     journal = logged_calls(store.journal(run.run_id))
     failing = journal[-1] if journal else None
     if failing is None or failing.outcome is None or failing.outcome[0] != "throw" \
@@ -525,6 +552,13 @@ def _retry_plan(store: Store, run: RunInfo, resumption: Resumption, calls: int,
         raise errors.UsageError(
             f"run {run.run_id} failed in a call of a tcc.gather(); retrying one gathered call "
             "is not supported: fork the run from an earlier snapshot instead")
+    return failing
+
+
+def _retry_plan(store: Store, run: RunInfo, resumption: Resumption, calls: int,
+                replay: list[LoggedCall]) -> tuple[Resumption, int, list[LoggedCall]]:
+    """``resumption``, the call count and the journal to serve for :func:`retry`."""
+    failing = _failed_call(store, run)
     again = dataclasses.replace(failing, outcome=None, retry=True)
     if resumption[0] == "throw" and failing.key.rpartition(":")[2] == str(calls) \
             and all(c.key == failing.key for c in replay):
@@ -590,8 +624,9 @@ def resume(
     continuation/hybrid: from the newest good snapshot, serving the journal
     after it; replay: from the start, serving the whole journal.
     ``retry_failed``: see :func:`retry`.  ``code``: ``current`` (the code as it is
-    now; a suspended frame whose code changed is refused) or ``pinned`` (the code the
-    run recorded, if the files differ from it; see :mod:`tcc.runtime._pinning`); None:
+    now; a suspended frame whose code changed is refused), ``pinned`` (the code the
+    run recorded, if the files differ from it; see :mod:`tcc.runtime._pinning`) or
+    ``upgrade`` (what the upgrade policy does, for this resume); None:
     what the run's ``--on-code-change`` policy says (``pinned`` unless set otherwise;
     ``upgrade`` runs :func:`tcc.runtime.upgrade` first).  ``on_notice(text)`` hears
     which code the run continues on when its files changed.  ``claimed_epoch``: the worker
@@ -603,10 +638,8 @@ def resume(
     if code is not None and code not in CODE_MODES:
         raise errors.UsageError(f"unknown code mode {code!r}; choose one of {', '.join(CODE_MODES)}")
     run = store.get_run(run_id)
-    if retry_failed and run.status != "failed":
-        raise errors.UsageError(f"run {run_id} is {run.status}, not failed; there is nothing to retry"
-                                + (f" (`tcc resume {run_id}` continues it)"
-                                   if run.status not in (*RETURNED_STATUSES, *FINAL_STATUSES) else ""))
+    if retry_failed:  # refused before the claim: a refusal takes nothing over
+        check_retry(store, run_id)
     if run.status in FINAL_STATUSES:
         raise errors.UsageError(f"run {run_id} is already {run.status}; there is nothing to resume")
     if run.status == "importing":
@@ -619,6 +652,7 @@ def resume(
     strategy, _notice = effective_strategy(strategy or run.strategy)
     # Which code the run continues on (a run already on its pinned code stays on it), and
     # the usage errors of loading it, before the claim.
+    asked = code
     code, known, upgrade_next, claimed_epoch = _code_mode(store, run, strategy, code, on_notice,
                                                           claimed_epoch)
     pinned = PinnedCode(store, run_id, known, pin=code == "pinned")
@@ -704,5 +738,6 @@ def resume(
         set_process_modules(None)
         return resume(store, run_id, strategy=strategy, checkpoint_every=checkpoint_every,
                       lease=lease, progress=progress, wait_seconds=wait_seconds,
+                      code="upgrade" if asked == "upgrade" else None,  # (else its policy's)
                       on_notice=on_notice, continued=True)
     return outcome

@@ -686,10 +686,10 @@ def upgrade(store: Store, run_id: str, *, dry_run: bool = False, sets: list[str]
         plan.refusals.append(
             f"run {run_id} has {store.journal_length(run_id) - info.journal_len} journal record(s) "
             f"after its newest snapshot {info.number} (a call in flight, or the hybrid strategy's "
-            "calls since the snapshot): they belong to the old code's frame; let it reach its next "
-            f"snapshot on its recorded code first (with --on-code-change upgrade, `tcc resume "
-            f"{run_id}` does that and then upgrades it; `tcc resume --code pinned {run_id}` "
-            "continues it on its recorded code)")
+            "calls since the snapshot): they belong to the old code's frame; `tcc resume --code "
+            f"upgrade {run_id}` continues it on its recorded code until its next snapshot and "
+            f"upgrades it there (`tcc resume --code pinned {run_id}` finishes it on its recorded "
+            "code)")
         plan.after_snapshot = True
         return plan
     manifest = manifest_of(store.events(run_id))
