@@ -943,7 +943,8 @@ tcc_is_watched(PyObject *d)
 }
 
 /* A pickler's persistent_id that costs one C call per object: None at once,
- * unless the object is an exact list of at least min_items items, or (when
+ * unless the object is an exact list of at least min_items items, an exact dict
+ * a segment watches or that holds "__spec__" (a module's namespace), or (when
  * min_bytes > 0) an exact bytes or bytearray of at least min_bytes bytes, which
  * go to the Python callback (tcc.capture._segments._Dump.pid). */
 
@@ -977,9 +978,24 @@ segment_hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, Py
             return PyObject_CallOneArg(hook->callback, obj);
         }
     }
-    else if (hook->watched_dicts && PyDict_CheckExact(obj)) {
-        if (tcc_is_watched(obj)) {
+    else if (PyDict_CheckExact(obj)) {
+        if (hook->watched_dicts && tcc_is_watched(obj)) {
             return PyObject_CallOneArg(hook->callback, obj);
+        }
+        /* a module's namespace (globals() held in a local): written by its name */
+        static PyObject *spec_key = NULL;
+        if (spec_key == NULL) {
+            spec_key = PyUnicode_InternFromString("__spec__");
+            if (spec_key == NULL) {
+                return NULL;
+            }
+        }
+        PyObject *spec = PyDict_GetItemWithError(obj, spec_key);  /* borrowed */
+        if (spec != NULL) {
+            return PyObject_CallOneArg(hook->callback, obj);
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
         }
     }
     else if (hook->min_bytes > 0) {

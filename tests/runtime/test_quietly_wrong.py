@@ -835,3 +835,36 @@ def test_an_await_in_a_comprehension_shadowing_a_cell_resumes_after_a_crash(tmp_
     assert _result(cli.run("run", "--json", script)) == expected
     for after in (2, 5):  # inside the dict comprehension; inside the nested one
         assert _killed_then_resumed(cli, f"c{after}", script, after=after) == expected
+
+
+# ------------------------------------- a module's globals() and os.environ held in a local
+
+@pytest.mark.parametrize("entry, expected", [("through_globals", [1, 2, 3, 4]),
+                                             ("through_environ", ["0", "1", "2", "3"])])
+def test_globals_and_environ_held_in_a_local_stay_live_after_a_crash(tmp_path, entry, expected):
+    """`g = globals()` and `env = os.environ` held across effects came back as copies: writes
+    after a restore went nowhere (`[1, 2, 2, 2]`), and the copy of the environment put every
+    variable, secrets included, into the snapshot.  Both are stored by name."""
+    cli = Cli(tmp_path)
+    script = f"{QUIET / 'namespace_agent.py'}:{entry}"
+    secret = "tcc-test-secret-value-7f3a"
+    cli.env["TCC_TEST_SECRET"] = secret
+    assert _result(cli.run("run", "--json", script)) == expected
+    for after in (1, 2):
+        assert _killed_then_resumed(cli, f"{entry}-{after}", script, after=after) == expected
+    killer = Cli.__new__(Cli)
+    killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="2")
+    assert killer.run("run", "--run-id", "held", script).returncode == -9
+    shown = cli.run("inspect", "held", check=True).stdout
+    assert secret not in shown  # the snapshot names the environment or module; it holds neither
+    assert ("process_environ" if entry == "through_environ" else "globals()") in shown, shown
+
+
+def test_a_weak_proxy_held_across_effects_is_refused_at_once(tmp_path):
+    """A weakref.proxy came back as a detached copy of its object (a counter kept through it
+    read 0 after a crash); like weakref.ref, it is refused, while the run is live."""
+    cli = Cli(tmp_path)
+    proc = cli.run("run", f"{QUIET / 'namespace_agent.py'}:through_proxy")
+    assert proc.returncode == 1
+    assert "local 'w'" in proc.stdout + proc.stderr and "weak proxies (weakref.proxy) cannot be captured" \
+        in proc.stdout + proc.stderr

@@ -44,9 +44,11 @@ import copyreg
 import gc
 import io
 import itertools
+import os
 import sys
 import threading
 import types
+import weakref
 from typing import Any, Callable
 
 import cloudpickle  # type: ignore[import-untyped]
@@ -120,6 +122,9 @@ def _refusal_for(t: type) -> _Refusal | None:
                         "__aenter__/__aexit__")
     if issubclass(t, types.FrameType):
         return _Refusal("frame objects cannot be captured")
+    if issubclass(t, (weakref.ProxyType, weakref.CallableProxyType)):
+        return _Refusal("weak proxies (weakref.proxy) cannot be captured: a restore would give a "
+                        "copy of the object that follows it no more; hold the object itself")
     asyncio = sys.modules.get("asyncio")
     if asyncio is not None:
         if issubclass(t, asyncio.Future):
@@ -716,7 +721,16 @@ def _make_registered(reducer: Callable[[Any], Reduce]) -> Callable[[Pickler, Any
     return handler
 
 
+def _reduce_environ(pickler: Pickler, obj: Any) -> Any:
+    """``os.environ`` held in a local is the process's environment, by name: a copy would
+    put every variable (secrets included) into the snapshot and take later writes nowhere."""
+    if obj is os.environ:
+        return _records.process_environ, ()
+    return NotImplemented
+
+
 _EXACT: dict[type, Callable[[Pickler, Any], Any]] = {
+    type(os.environ): _reduce_environ,
     types.GeneratorType: _reduce_generator,
     types.CoroutineType: _reduce_generator,
     types.CellType: _reduce_cell,

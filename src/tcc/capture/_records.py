@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import importlib
 import itertools
+import os
 import sys
 import threading
 import types
@@ -145,6 +146,24 @@ def module_attribute(module_name: Any, name: Any, cls: Any = None) -> Any:
 
 
 _MISSING_VALUE = object()
+
+
+def module_namespace(module_name: Any) -> dict[str, Any]:
+    """The namespace (``globals()``) of module ``module_name`` as this process imports it."""
+    if type(module_name) is not str:
+        raise errors.CorruptSnapshotError("malformed module namespace in the snapshot")
+    try:
+        module = import_module(module_name)
+    except ImportError as exc:
+        raise errors.IncompatibleSnapshotError(
+            f"snapshot refers to the globals() of module {module_name}, which cannot be imported "
+            f"here ({exc})") from None
+    return vars(module)
+
+
+def process_environ() -> Any:
+    """``os.environ`` of this process (a snapshot holds the name, never the variables)."""
+    return os.environ
 
 
 def _where(code: types.CodeType) -> str:
@@ -498,6 +517,8 @@ BUFFER_PID = "tcc:buffer"  # ("tcc:buffer", "bytes" | "bytearray", data): a valu
 # ("tcc:list", tail): a list written as segments with holes, referred to again in the same
 # dump (from a hole, say): its tail, the list object the first reference builds
 LIST_REF_PID = "tcc:list"
+# ("tcc:namespace", module name): a module's namespace (``globals()`` held by the agent)
+NAMESPACE_PID = "tcc:namespace"
 _BUFFER_TYPES = {"bytes": bytes, "bytearray": bytearray}
 
 
@@ -575,6 +596,8 @@ class PersistentLists:
             return pid[1]
         elif type(pid) is tuple and len(pid) == 3 and pid[0] == BUFFER_PID:
             obj = buffer_value(pid[1], pid[2])
+        elif type(pid) is tuple and len(pid) == 2 and pid[0] == NAMESPACE_PID:
+            obj = module_namespace(pid[1])
         else:
             raise errors.CorruptSnapshotError("unknown persistent id in the snapshot")
         self._built[id(pid)] = (pid, obj)

@@ -56,7 +56,7 @@ from ._allowlist import (
 from ._api import _deep_recursion
 from .. import errors
 from ._framed import is_framed, unframe
-from ._records import BUFFER_PID, LIST_REF_PID, SEGMENTS_PID, buffer_value, fill_holes, is_blob
+from ._records import BUFFER_PID, LIST_REF_PID, NAMESPACE_PID, SEGMENTS_PID, buffer_value, fill_holes, is_blob
 from ._standins import CLOUDPICKLE, RECORDS
 from ._views import (
     AwareView,
@@ -112,6 +112,9 @@ class _Globals:
         if not nested and type(pid) is tuple and len(pid) == 2 and pid[0] == LIST_REF_PID \
                 and type(pid[1]) is list:
             return pid[1]
+        if not nested and type(pid) is tuple and len(pid) == 2 and pid[0] == NAMESPACE_PID \
+                and type(pid[1]) is str:  # globals() of a module: named, never imported here
+            return self.stub(pid[1], "globals()", unbuilt=True, why="a module's namespace")()
         if nested or not (type(pid) is tuple and len(pid) in (3, 4) and pid[0] == SEGMENTS_PID
                           and type(pid[1]) is tuple and type(pid[2]) is list
                           and all(is_blob(b) for b in pid[1])

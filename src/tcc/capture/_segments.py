@@ -77,7 +77,7 @@ from typing import Any
 from .._pieces import WholePiece
 from ._frames import native
 from ._framed import MIN_BYTES
-from ._records import BUFFER_PID, LIST_REF_PID, SEGMENTS_PID
+from ._records import BUFFER_PID, LIST_REF_PID, NAMESPACE_PID, SEGMENTS_PID
 
 LARGE_SEGMENT = 2048  # the segments from the start of the list: few pieces for the store
 SEGMENT = 256  # the segments after the last full LARGE_SEGMENT
@@ -492,8 +492,13 @@ class Dump:
         """The persistent id that stands for ``obj`` in this dump, or None: pickle it as
         usual.  The tail in an id (the items after the last segment, a new list) is never cut
         again."""
-        if type(obj) is dict:  # a dict some segment watches, met in the stream
-            token = native().watch_token(obj)
+        if type(obj) is dict:
+            if "__spec__" in obj:  # a module's namespace, by the module's name
+                name = obj.get("__name__")
+                module = sys.modules.get(name) if type(name) is str else None
+                if module is not None and getattr(module, "__dict__", None) is obj:
+                    return (NAMESPACE_PID, name)
+            token = native().watch_token(obj)  # a dict some segment watches, met in the stream
             if token is not None:
                 self._met[id(token)] = token
             return None
