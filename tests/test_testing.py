@@ -521,3 +521,43 @@ def test_in_process_run_bounds_a_sync_effect_by_its_timeout_as_a_run_does():
     was not enforced in-process, so a test saw the call succeed)."""
     name = _slow_sync.public_name
     assert tcc.testing.run(_calls_slow) == ["done", f"effect {name!r} timed out after 0.1 s", "done"]
+
+
+SHARED_RESULT = '''
+import tcc
+
+CONFIG = {"v": 1}
+
+
+@tcc.effect
+def cfg():
+    return CONFIG
+
+
+async def main():
+    c = await cfg()
+    c["v"] = 2
+    again = await cfg()
+    return {"same": c is CONFIG, "again": again["v"], "config": CONFIG["v"]}
+'''
+
+
+def test_run_gives_the_agent_a_copy_of_each_result_as_a_run_does(tmp_path):
+    """An effect returning a module-level dict: `tcc run` hands the agent a copy (the journaled
+    result, as after a crash), but `tcc.testing.run` handed it the object itself, so the
+    agent's change leaked into the module and into later results, and a unit test saw
+    something no run does.  Fakes are copied the same way."""
+    script = tmp_path / "shared_result.py"
+    script.write_text(SHARED_RESULT)
+    expected = {"same": False, "again": 1, "config": 1}
+    cli_out = subprocess.run([sys.executable, "-m", "tcc", "run", "--json", str(script)],
+                             env=dict(os.environ, TCC_STORE=str(tmp_path / "store")),
+                             capture_output=True, text=True, timeout=120)
+    assert json.loads(cli_out.stdout)["result"] == expected, cli_out.stderr
+    assert tcc.testing.run_script(str(script)) == expected
+    shared = {"v": 1}
+    spec = importlib.util.spec_from_file_location("shared_result_for_fakes", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = tcc.testing.run(mod.main, fakes={mod.cfg: lambda: shared})
+    assert got == {"same": False, "again": 1, "config": 1} and shared == {"v": 1}

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Callable, Coroutine, Generator, Mapping, Union
 
 from .. import errors
-from ..capture import dump_payload, load_payload
+from ..capture import ATOMS, dump_payload, load_payload
 from ..effects import (
     CheckpointRequest,
     Current,
@@ -64,6 +64,17 @@ class _Call:
         self.key = key
         self.is_async = inspect.iscoroutinefunction(fn)
 
+    @staticmethod
+    def _as_journaled(value: Any) -> Any:
+        """The result as a run sends it: a copy, as the journal recorded it (an effect that
+        returns a module-level dict or a cached object must not hand the agent shared
+        objects here and copies in a run); immutable values as they are."""
+        if type(value) in ATOMS or type(value) is complex:
+            return value
+        blob = dump_payload(value)  # a result a run could not journal fails here too
+        with reusing_live_resources():  # a tcc.resource in it stays the live one
+            return load_payload(blob)
+
     def _current(self, attempt: int) -> Current:
         return Current(self.run_id, self.effect.public_name, self.key, attempt)
 
@@ -86,9 +97,11 @@ class _Call:
             args, kwargs = self._fresh()
             try:
                 call = functools.partial(_with_current, self._current(attempt), self.fn, args, kwargs)
-                return ("send", _bounded_sync(self.effect, functools.partial(contextvars.copy_context().run, call)))
+                value = _bounded_sync(self.effect, functools.partial(contextvars.copy_context().run, call))
             except Exception as exc:  # noqa: BLE001 - thrown into the agent, as in a run
                 outcome = self._failed(exc)
+                continue
+            return ("send", self._as_journaled(value))
         return outcome
 
     async def on_loop(self, threads: bool) -> _Pending:
@@ -99,14 +112,18 @@ class _Call:
             args, kwargs = self._fresh()
             try:
                 if self.is_async:
-                    return ("send", await self._bounded(attempt, args, kwargs))
-                call = functools.partial(_with_current, self._current(attempt), self.fn, args, kwargs)
-                if threads or self.effect.timeout is not None:
-                    return ("send", await asyncio.to_thread(
-                        _bounded_sync, self.effect, functools.partial(contextvars.copy_context().run, call)))
-                return ("send", contextvars.copy_context().run(call))
+                    value = await self._bounded(attempt, args, kwargs)
+                else:
+                    call = functools.partial(_with_current, self._current(attempt), self.fn, args, kwargs)
+                    if threads or self.effect.timeout is not None:
+                        value = await asyncio.to_thread(
+                            _bounded_sync, self.effect, functools.partial(contextvars.copy_context().run, call))
+                    else:
+                        value = contextvars.copy_context().run(call)
             except Exception as exc:  # noqa: BLE001 - thrown into the agent, as in a run
                 outcome = self._failed(exc)
+                continue
+            return ("send", self._as_journaled(value))
         return outcome
 
     async def _bounded(self, attempt: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
