@@ -44,7 +44,7 @@ async def llm(prompt: str) -> str:
 
 @tcc.effect(retries=2)
 def search(query: str) -> list[str]:
-    """A fake search tool (sync: runs in a worker thread)."""
+    """A fake search tool (sync: called directly; with a timeout it would run in a thread)."""
     time.sleep(DELAY)
     _ledger(f"search {tcc.current().idempotency_key} {query}")
     return [f"{query} result {i} ({_digest(query + str(i))})" for i in range(3)]

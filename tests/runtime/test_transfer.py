@@ -235,6 +235,11 @@ def test_transfer_key_files_follow_the_store_key_file_rules(tmp_path):
     out = json.loads(src.run("export", "--json", "r", "-o", str(tmp_path / "r.tccx"), "--transfer-key",
                              str(made), check=True).stdout)
     assert out["key_file_created"] and (os.stat(made).st_mode & 0o777) == 0o600
+    # in a folder that does not exist yet (~/.tcc/transfer.key on a new machine): made, 0700
+    nested = tmp_path / "home" / ".tcc" / "transfer.key"
+    out = json.loads(src.run("export", "--json", "r", "-o", str(tmp_path / "r2.tccx"), "--transfer-key",
+                             str(nested), check=True).stdout)
+    assert out["key_file_created"] and (os.stat(nested.parent).st_mode & 0o777) == 0o700
     proc = Cli(tmp_path / "b").run("import", str(tmp_path / "r.tccx"),
                                            "--transfer-key", str(tmp_path / "missing.key"))
     assert proc.returncode == 2 and "missing.key" in proc.stderr

@@ -156,7 +156,8 @@ def open_store(
     a single hard link, and anything else in the directory must be owned by
     the user (or root) too.  Otherwise the open raises
     :class:`~tcc.errors.StoreInsecureError` (a ``PermissionError``) naming
-    the offending path and the fix (``chmod 700 DIR && chmod 600 DIR/*``, or
+    the offending path and the fix (``find DIR -type d -exec chmod 700 {} +`` and the same
+    with ``-type f`` and ``600``, or
     ``chown``).  Directories tcc creates are 0700 whatever the umask.  A
     store others can only *read* still opens, with a
     ``StoreSecurityWarning``.

@@ -193,14 +193,17 @@ def write_key_file(path: str, name: str, *, error: type[Exception] = StoreError)
 
     Written in full under a temporary name (mkstemp: mode 0600), then linked into place,
     which fails if the name exists: a process racing this one never reads a key file that
-    is still empty."""
+    is still empty.  A missing folder is made (mode 0700)."""
     import secrets
     import tempfile
 
     if os.path.lexists(path):
         return False
+    folder = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tcc-key-", dir=os.path.dirname(os.path.abspath(path)))
+        if not os.path.isdir(folder):  # (~/.tcc/transfer.key on a machine without ~/.tcc)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tcc-key-", dir=folder)
     except OSError as exc:
         raise error(f"cannot create {name}: {exc.strerror}") from None
     try:

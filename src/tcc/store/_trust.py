@@ -188,7 +188,8 @@ class Trust:
         """The error for ``problem``: one line, saying why and what fixes it."""
         why, fix = problem
         me = _user(self.uid)
-        modes = f"chmod 700 {store} && chmod 600 {store}/*"
+        # (the folders, inflight/ included, keep their x bit; every file is 0600)
+        modes = f"find {store} -type d -exec chmod 700 {{}} + && find {store} -type f -exec chmod 600 {{}} +"
         kind, _, group = fix.partition("+")
         if kind == "owner":
             fix = (f"if you trust its contents, take it over: chown -R {me} {store} && {modes}; "
