@@ -868,3 +868,20 @@ def test_a_weak_proxy_held_across_effects_is_refused_at_once(tmp_path):
     assert proc.returncode == 1
     assert "local 'w'" in proc.stdout + proc.stderr and "weak proxies (weakref.proxy) cannot be captured" \
         in proc.stdout + proc.stderr
+
+
+# -------------------------------------- the program's subclasses of built-in value types
+
+def test_subclasses_of_builtin_types_come_back_whole_after_a_crash(tmp_path):
+    """An `LRU(OrderedDict)` with a capacity, a `TagSet(set)` whose __init__ takes an owner, a
+    `deque` subclass with its own __init__, a `Random` subclass with (seed, tag), a `Decimal`
+    subclass with an attribute, and a class whose __new__ takes a name: the snapshots were
+    written, but a restore failed for good (the LRU, the Random, the Symbol), lost items (the
+    TagSet) or attributes (the Money's currency), quietly."""
+    cli = Cli(tmp_path)
+    script = str(QUIET / "subclass_agent.py")
+    expected = _result(cli.run("run", "--json", script))
+    assert expected["cache"] == [[4, 40], [5, 50], [1, 10]] and expected["owner"] == "alice"
+    assert expected["price"] == ["12.50", "EUR"] and expected["maxlen"] == 3
+    for after in (1, 3, 4):
+        assert _killed_then_resumed(cli, f"s{after}", script, after=after) == expected

@@ -54,7 +54,7 @@ from typing import Any, Callable
 import cloudpickle  # type: ignore[import-untyped]
 
 from .. import errors
-from . import _frames, _records, _singletons
+from . import _frames, _records, _singletons, _subclasses
 from ._fingerprint import fingerprint
 
 from ._registry import KIND_CACHE as _KIND_CACHE
@@ -769,6 +769,10 @@ def _classify(t: type) -> Callable[[Pickler, Any], Any] | None:
             and t.__reduce__ in (collections.Counter.__reduce__, collections.defaultdict.__reduce__) \
             and t.__reduce_ex__ is object.__reduce_ex__:  # (a subclass's own reduce is its own say)
         return _reduce_keeping_state
+    subclass = _subclasses.reducer_for(t)
+    if subclass is not None:
+        base, kind = subclass
+        return lambda _pickler, obj: _subclasses.reduce(kind, base, obj)
     if _singletons.stateless_type(t):
         return _reduce_maybe_sentinel
     return None

@@ -161,6 +161,20 @@ def module_namespace(module_name: Any) -> dict[str, Any]:
     return vars(module)
 
 
+def builtin_subclass(cls: Any, kind: Any, made_with: Any) -> Any:
+    """An instance of a program's subclass of a built-in value type (``tcc.capture._subclasses``)."""
+    from ._subclasses import rebuild
+
+    return rebuild(cls, kind, made_with)
+
+
+def fill_builtin_subclass(obj: Any, state: Any) -> None:
+    """Its content and attributes (``tcc.capture._subclasses.fill``)."""
+    from ._subclasses import fill
+
+    fill(obj, state)
+
+
 def process_environ() -> Any:
     """``os.environ`` of this process (a snapshot holds the name, never the variables)."""
     return os.environ

@@ -123,6 +123,35 @@ def _dict_records(name: str) -> Any:
     return build
 
 
+_SUBCLASS_CONTAINERS = {"dict": dict, "odict": dict, "list": list, "deque": list, "set": set}
+
+
+def _builtin_subclass(cls: Any, kind: Any, made_with: Any) -> Any:
+    """A program's subclass of a built-in type (``tcc.capture._subclasses``), shown as the
+    plain value it holds: its class is not imported here."""
+    container = _SUBCLASS_CONTAINERS.get(kind) if isinstance(kind, str) else None
+    if container is not None:
+        return container()
+    if kind in ("value", "frozenset", "decimal") and isinstance(made_with, (str, bytes, int, float, complex, tuple, list)):
+        return made_with
+    return stub_class("tcc.capture._records", "builtin_subclass")(cls, kind, made_with)
+
+
+def _fill_builtin_subclass(obj: Any, state: Any) -> None:
+    content = state[0] if isinstance(state, tuple) and len(state) == 2 else None
+    if not isinstance(content, list):
+        return
+    if isinstance(obj, dict):
+        obj.update(pair for pair in content if isinstance(pair, tuple) and len(pair) == 2)
+    elif isinstance(obj, list):
+        obj.extend(content)
+    elif isinstance(obj, set):
+        try:
+            obj.update(content)
+        except TypeError:  # an unhashable stand-in
+            pass
+
+
 # What the loader hands out for ``tcc.capture._records.<name>``.
 RECORDS: dict[str, Any] = {
     "function_behind_wrappers": _function_behind_wrappers,
@@ -141,6 +170,8 @@ RECORDS: dict[str, Any] = {
     "dict_view": _dict_records("dict_view"),
     "dict_iterator": _dict_records("dict_iterator"),
     "dict_iterator_resized": _dict_records("dict_iterator_resized"),
+    "builtin_subclass": _builtin_subclass,
+    "fill_builtin_subclass": _fill_builtin_subclass,
     "NULL": UNBOUND,
 }
 
