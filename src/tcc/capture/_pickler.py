@@ -298,6 +298,11 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             self.dispatch_table = {**copyreg.dispatch_table, **_CLOUDPICKLE_TABLE}
         if segments is None:
             super().__init__(file, protocol=protocol)
+            from ._segments import namespace_hook
+
+            hook = namespace_hook()  # (a module's globals() by name, as with segments)
+            if hook is not None:
+                self.persistent_id = hook
             return
         from ._segments import Dump
 
@@ -325,18 +330,29 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             return NotImplemented
         return handler(self, obj)
 
-    # cloudpickle hook: keep a dynamic function's closure cells *identical*.
+    # cloudpickle hook: keep a dynamic function's closure cells *identical*, and its globals
+    # too when they are a namespace of the program's own (``exec(code, ns)``), not a module's.
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         rv = super()._dynamic_function_reduce(func)
-        if func.__closure__ is None:
+        own_namespace = "__spec__" not in func.__globals__  # (a module's: cloudpickle's copy)
+        if func.__closure__ is None and not own_namespace:
             return rv
         maker, newargs, (state, slotstate), listitems, dictitems, setter = rv
-        slotstate = dict(slotstate)
-        slotstate["__closure__"] = None  # cloudpickle must not refill fresh cells
-        code, base_globals, name, argdefs, _fresh = newargs
+        code, base_globals, name, argdefs, fresh = newargs
+        if own_namespace:
+            # the namespace itself, shared with every function made in it and with the agent
+            # that holds it: a copy of the names the code uses took later writes nowhere
+            base_globals = func.__globals__
+            slotstate = dict(slotstate)
+            slotstate["__globals__"] = {}
+        closure = fresh
+        if func.__closure__ is not None:
+            slotstate = dict(slotstate)
+            slotstate["__closure__"] = None  # cloudpickle must not refill fresh cells
+            closure = func.__closure__
         return (
             maker,
-            (code, base_globals, name, argdefs, func.__closure__),
+            (code, base_globals, name, argdefs, closure),
             (state, slotstate),
             listitems,
             dictitems,

@@ -79,6 +79,26 @@ from ._frames import native
 from ._framed import MIN_BYTES
 from ._records import BUFFER_PID, LIST_REF_PID, NAMESPACE_PID, SEGMENTS_PID
 
+def namespace_pid(obj: Any) -> tuple[str, str] | None:
+    """The persistent id of a module's namespace (``globals()`` held by the agent): the
+    module's name, so that a restore gives that module's namespace, not a copy."""
+    if type(obj) is dict and "__spec__" in obj:
+        name = obj.get("__name__")
+        if type(name) is str:
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "__dict__", None) is obj:
+                return (NAMESPACE_PID, name)
+    return None
+
+
+def namespace_hook() -> Any:
+    """A ``persistent_id`` for dumps without segments: module namespaces only (one C call
+    per object, as the segments' hook); None without the native module."""
+    from ._frames import available
+
+    return native().SegmentHook(namespace_pid, sys.maxsize, 0, False) if available() else None
+
+
 LARGE_SEGMENT = 2048  # the segments from the start of the list: few pieces for the store
 SEGMENT = 256  # the segments after the last full LARGE_SEGMENT
 SMALL_SEGMENT = 32  # the segments after the last full SEGMENT: the tail stays short
@@ -493,11 +513,9 @@ class Dump:
         usual.  The tail in an id (the items after the last segment, a new list) is never cut
         again."""
         if type(obj) is dict:
-            if "__spec__" in obj:  # a module's namespace, by the module's name
-                name = obj.get("__name__")
-                module = sys.modules.get(name) if type(name) is str else None
-                if module is not None and getattr(module, "__dict__", None) is obj:
-                    return (NAMESPACE_PID, name)
+            named = namespace_pid(obj)
+            if named is not None:
+                return named
             token = native().watch_token(obj)  # a dict some segment watches, met in the stream
             if token is not None:
                 self._met[id(token)] = token
