@@ -210,10 +210,12 @@ done:
     return result;
 }
 
-/* Whether the de-specialised bytecode of `co` has a LOAD_FAST_AND_CLEAR of
- * local slot `index` (3.12+: an inlined comprehension saves an outer variable
- * of the same name there, cell included, and uses the slot as a plain local
- * until it stores the saved value back).  0 on 3.11, -1 with an exception set. */
+/* Whether local slot `index` of `co` can be one an inlined comprehension (3.12+)
+ * cleared to use as a plain local of its own, keeping the outer cell on the value
+ * stack until it stores it back: the de-specialised bytecode has a LOAD_FAST_AND_CLEAR
+ * of the slot, and no MAKE_CELL of it after the prologue (a comprehension whose own
+ * variable is a cell makes a new cell there, and reads the slot as one).  0 on 3.11,
+ * -1 with an exception set. */
 static int
 clears_slot(PyCodeObject *co, int index)
 {
@@ -224,7 +226,7 @@ clears_slot(PyCodeObject *co, int index)
     }
     Py_ssize_t nunits = PyBytes_GET_SIZE(raw) / 2;
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(raw);
-    int found = 0;
+    int cleared = 0, remade = 0, prologue = 1;
     long ext = 0;
     for (Py_ssize_t u = 0; u < nunits; u++) {
         int op = b[2 * u];
@@ -234,13 +236,18 @@ clears_slot(PyCodeObject *co, int index)
             continue;
         }
         ext = 0;
-        if (op == LOAD_FAST_AND_CLEAR && arg == index) {
-            found = 1;
-            break;
+        if (op == RESUME) {
+            prologue = 0;
+        }
+        else if (op == LOAD_FAST_AND_CLEAR && arg == index) {
+            cleared = 1;
+        }
+        else if (op == MAKE_CELL && arg == index && !prologue) {
+            remade = 1;
         }
     }
     Py_DECREF(raw);
-    return found;
+    return cleared && !remade;
 #else
     (void)co;
     (void)index;
@@ -249,10 +256,11 @@ clears_slot(PyCodeObject *co, int index)
 }
 
 /* Validate a record against a target generator without touching it.
- * `shadowed` (NULL, None or bytes of one flag per local slot) names the cell
- * slots the caller's flow analysis found saved by an inlined comprehension at
- * this suspension point: such a slot may hold a plain value (or NULL), if the
- * code clears it that way at all.
+ * `shadowed` (NULL, None or bytes of one flag per slot of the record) carries what
+ * the caller's flow analysis found of an inlined comprehension at this suspension
+ * point: 1 on a cell slot it cleared (which may then hold a plain value or NULL, if
+ * the code clears it that way at all: clears_slot), 2 on the value-stack slot that
+ * keeps the cell until the comprehension stores it back (which must hold a cell).
  * On success returns 0 and stores the frame state to write; on failure
  * returns -1 with an exception set. */
 static int
@@ -326,19 +334,34 @@ validate_record(PyObject *obj, PyObject *code, int state, int offset,
     const unsigned char *kinds =
         (const unsigned char *)PyBytes_AS_STRING(co->co_localspluskinds);
     const char *shadow = NULL;
+    int saved_cells = 0;  /* stack slots flagged 2, each checked to hold a cell */
     if (shadowed != NULL && shadowed != Py_None) {
-        if (!PyBytes_Check(shadowed) || PyBytes_GET_SIZE(shadowed) != nlocalsplus) {
+        if (!PyBytes_Check(shadowed) || PyBytes_GET_SIZE(shadowed) != n) {
             PyErr_Format(PyExc_TypeError,
-                         "shadowed slots of %U must be bytes of length %d",
-                         co->co_qualname, nlocalsplus);
+                         "shadowed slots of %U must be bytes of length %zd",
+                         co->co_qualname, n);
             return -1;
         }
         shadow = PyBytes_AS_STRING(shadowed);
+        for (Py_ssize_t i = nlocalsplus; i < n; i++) {
+            if (shadow[i] == 2) {
+                PyObject *v = PyTuple_GET_ITEM(slots, i);
+                if (!PyCell_Check(v)) {
+                    PyErr_Format(PyExc_ValueError,
+                                 "stack slot %zd of %U keeps a comprehension's saved "
+                                 "cell and must hold a cell, not %.100s",
+                                 i - nlocalsplus, co->co_qualname,
+                                 v == null_marker ? "NULL" : Py_TYPE(v)->tp_name);
+                    return -1;
+                }
+                saved_cells++;
+            }
+        }
     }
     for (int i = 0; i < nlocalsplus; i++) {
         if (kinds[i] & (CO_FAST_CELL | CO_FAST_FREE)) {
             PyObject *v = PyTuple_GET_ITEM(slots, i);
-            if (!PyCell_Check(v) && shadow != NULL && shadow[i]) {
+            if (!PyCell_Check(v) && shadow != NULL && shadow[i] == 1 && saved_cells > 0) {
                 int cleared = clears_slot(co, i);
                 if (cleared < 0) {
                     return -1;
@@ -1124,8 +1147,9 @@ static PyMethodDef tcc_methods[] = {
     {"check_frame", tcc_check_frame, METH_VARARGS,
      "check_frame(gen, code, state, offset, slots, exc, null, shadowed=None) -> None\n\n"
      "Validate a frame record against a fresh generator; write nothing.\n"
-     "shadowed: bytes, a flag per local slot: a cell slot an inlined\n"
-     "comprehension cleared at this point may hold a plain value."},
+     "shadowed: bytes, a flag per slot: 1 on a cell slot an inlined\n"
+     "comprehension cleared at this point (it may hold a plain value), 2 on\n"
+     "the stack slot keeping that cell (it must hold a cell)."},
     {"check_kinds", tcc_check_kinds, METH_VARARGS,
      "check_kinds(slots, kinds, null, lasti_max) -> int\n\n"
      "Index of the first slot that lacks a kind it needs (flags in kinds[i],\n"

@@ -432,6 +432,10 @@ def test_checker_refuses_a_check_with_no_step_to_crash(agents, tmp_path):
     assert report.expected.result == "go" and report.steps == 2  # the approval, then act
     partial = tcc.testing.check_crash_every_step(str(agents / "tt_waits.py"))
     assert "checked up to that wait only" in str(partial), str(partial)
+    pure = tmp_path / "pure.py"  # no effect at all: nothing to crash, and nothing wrong
+    pure.write_text("async def main():\n    return 3\n")
+    report = tcc.testing.check_crash_every_step(str(pure))
+    assert report.ok and report.steps == 0 and report.expected.result == 3
 
 
 def test_checker_detects_state_that_no_snapshot_can_bring_back(agents):

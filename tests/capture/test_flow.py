@@ -173,7 +173,10 @@ async def t_cell_shadow(n: int) -> Any:
     label = lambda: (name, other)  # noqa: E731
     got = {name: await call("cs", name) for name in range(n)}
     nested = [[await call("cs2", (name, j)) for name in "xy"] for j in range(2)]
-    return got, nested, label()
+    # the comprehension's own variable is a cell too (a lambda in it captures it): the body
+    # makes a new cell in the slot and reads it as one; never a plain value there
+    other_vals = [(await call("cs3", other), (lambda: other)()) for other in range(2)]
+    return got, nested, label(), other_vals
 
 
 TRICKY = {
@@ -510,7 +513,7 @@ for name in names:
                         m = slots2[:-1]
                     target = _frames.fresh_generator(func2)
                     keep.append(target)
-                    shadowed = _flow.shadowed_cells(code, offset2) if state2 == _frames.SUSPENDED else None
+                    shadowed = _flow.shadowed_cells(code, offset2, len(m)) if state2 == _frames.SUSPENDED else None
                     try:
                         _native.check_frame(target, code, state2, offset2, m, exc2, NULL, shadowed)
                     except (TypeError, ValueError):
@@ -710,7 +713,7 @@ def test_a_cell_a_comprehension_keeps_on_the_stack():
     state, offset, slots, exc, func = _native.read_frame(task, NULL)
     code = task.cr_code
     slot = _frames.slot_names(code).index("name")
-    shadowed = _flow.shadowed_cells(code, offset)
+    shadowed = _flow.shadowed_cells(code, offset, len(slots))
     if not PY312:
         assert shadowed is None and type(slots[slot]) is types.CellType
         finish(task, pending)
@@ -722,6 +725,11 @@ def test_a_cell_a_comprehension_keeps_on_the_stack():
         _native.check_frame(fresh, code, state, offset, slots, exc, NULL)
     with pytest.raises(TypeError, match="bytes of length"):
         _native.check_frame(fresh, code, state, offset, slots, exc, NULL, b"\x01")
+    # the saved cell replaced by a plain value: refused by the native check itself too
+    saved = shadowed.index(2)
+    with pytest.raises(ValueError, match="keeps a comprehension's saved cell"):
+        _native.check_frame(fresh, code, state, offset, slots[:saved] + ("x",) + slots[saved + 1:],
+                            exc, NULL, shadowed)
     # the cell the comprehension stores back, replaced by a plain value: refused
     at = nlocalsplus(code) + [i for i, v in enumerate(slots[nlocalsplus(code):])
                               if type(v) is types.CellType][0]
@@ -730,7 +738,7 @@ def test_a_cell_a_comprehension_keeps_on_the_stack():
     _native.write_frame(fresh, code, state, offset, slots, exc, NULL, shadowed)
     trace, result = programs.drive(fresh, first=pending)
     assert result == repr(({0: "cs<0>", 1: "cs<1>"}, [[f"cs2<({k!r}, {j})>" for k in "xy"] for j in range(2)],
-                           ("outer", "other")))
+                           ("outer", "other"), [("cs3<0>", 0), ("cs3<1>", 1)]))
     finish(task, pending)
     # a cell slot the code never clears that way must hold a cell, whatever the caller says
     task, pending = at_point("t_cell_shadow", 1)
@@ -742,5 +750,31 @@ def test_a_cell_a_comprehension_keeps_on_the_stack():
     target = _frames.fresh_generator(func)
     with pytest.raises(ValueError, match="'other'.* must hold a cell"):
         _native.check_frame(target, code, state, offset, bad, exc, NULL, bytes(forced))
+    target.close()
+    finish(task, pending)
+
+
+def test_a_comprehension_variable_that_is_a_cell_itself_must_stay_a_cell():
+    """Where the comprehension's own variable is a cell (a lambda in it captures it), the body
+    makes a new cell in the slot and reads it as one: a plain value there is refused, by the
+    flow analysis and by the native check (it crashed CPython when it was let through)."""
+    task, pending = at_point("t_cell_shadow", 7)  # inside the third comprehension
+    state, offset, slots, exc, func = _native.read_frame(task, NULL)
+    code = task.cr_code
+    slot = _frames.slot_names(code).index("other")
+    assert type(slots[slot]) is types.CellType
+    bad = slots[:slot] + (12345,) + slots[slot + 1:]
+    shadowed = _flow.shadowed_cells(code, offset, len(bad))
+    assert shadowed is None or shadowed[slot] != 1
+    forced = bytearray(len(bad))
+    forced[slot] = 1  # even told so, the native check refuses: the body remakes the cell
+    nlp = nlocalsplus(code)
+    kept = [i for i in range(nlp, len(bad)) if type(bad[i]) is types.CellType]
+    assert kept  # the outer cell the comprehension saved
+    forced[kept[0]] = 2
+    target = _frames.fresh_generator(func)
+    for flags in (shadowed, bytes(forced)):
+        with pytest.raises(ValueError, match="must hold a cell"):
+            _native.check_frame(target, code, state, offset, bad, exc, NULL, flags)
     target.close()
     finish(task, pending)

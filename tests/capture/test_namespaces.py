@@ -1,5 +1,5 @@
-"""Namespaces a snapshot names instead of copying: a module's globals(), os.environ, and the
-namespace an exec()'d function shares with the code that made it; weak proxies are refused."""
+"""Namespaces a snapshot names instead of copying: a module's globals() and os.environ (not
+``__main__``'s, which is another program in the loading process); weak proxies are refused."""
 
 from __future__ import annotations
 
@@ -21,22 +21,21 @@ def test_a_module_namespace_is_stored_by_name() -> None:
 def test_os_environ_is_the_live_environment_and_not_in_the_bytes() -> None:
     os.environ["TCC_TEST_NAMESPACE_SECRET"] = "s3cr3t-value-91"
     try:
-        blob = tcc.dumps([os.environ])
-        assert b"s3cr3t-value-91" not in blob and tcc.loads(blob)[0] is os.environ
+        blob = tcc.dumps([os.environ, os.environb])
+        back = tcc.loads(blob)
+        assert b"s3cr3t-value-91" not in blob and back[0] is os.environ and back[1] is os.environb
     finally:
         del os.environ["TCC_TEST_NAMESPACE_SECRET"]
 
 
-def test_an_exec_namespace_stays_shared_with_its_functions() -> None:
-    ns: dict = {}
-    exec("CALLS = 0\ndef tool(x):\n    global CALLS\n    CALLS += 1\n    return x * 2\n", ns)
-    ns["tool"](1)
-    back_ns, back_tool = tcc.loads(tcc.dumps((ns, ns["tool"])))
-    assert back_tool.__globals__ is back_ns and back_ns["CALLS"] == 1
-    assert back_tool(5) == 10 and back_ns["CALLS"] == 2  # writes reach the namespace the agent holds
-    alone = tcc.loads(tcc.dumps(ns["tool"]))  # the function alone carries its namespace
-    alone(1)
-    assert alone.__globals__["CALLS"] == 2 and ns["CALLS"] == 1
+def test_the_main_modules_namespace_is_copied_as_before() -> None:
+    """`__main__` in the loading process is another program (the tcc CLI, a test runner):
+    its globals() are copied, not named."""
+    from tcc.capture._segments import namespace_pid
+
+    main = vars(sys.modules["__main__"])
+
+    assert namespace_pid(main) is None and namespace_pid(vars(sys.modules[__name__])) is not None
 
 
 def test_a_weak_proxy_is_refused_naming_it() -> None:

@@ -5,12 +5,15 @@ pickling are left to it."""
 from __future__ import annotations
 
 import collections
+import copyreg
 import datetime
 import decimal
 import enum
 import fractions
 import random
 from typing import Any, NamedTuple
+
+import pytest
 
 import tcc
 from tcc.capture import _subclasses
@@ -150,3 +153,44 @@ def test_classes_with_their_own_pickling_are_left_to_it() -> None:
     assert round_trip(Point(1, 2)) == Point(1, 2) and round_trip(Level.LOW) is Level.LOW
     assert round_trip(Single()) is Single()  # the no-argument __new__ still runs
     assert round_trip(Custom(a=1)) == {"a": 1}
+
+
+class Registered(dict):
+    pass
+
+
+def _reduce_registered(obj: Registered) -> Any:
+    return (Registered, (), None, None, iter([("via", "copyreg")]))
+
+
+class Symbol:
+    def __new__(cls, name: str) -> "Symbol":
+        obj = super().__new__(cls)
+        obj.name = name
+        return obj
+
+
+class Marker:
+    """A stateless class whose __new__ takes a label, bound at module level: a sentinel."""
+
+    __slots__ = ()
+
+    def __new__(cls, label: str) -> "Marker":
+        return super().__new__(cls)
+
+
+MISSING = Marker("missing")
+
+
+def test_fold_copyreg_sentinels_and_refused_new() -> None:
+    stamp = Stamp(2021, 11, 7, 1, 30, fold=1)
+    assert round_trip(stamp).fold == 1
+    copyreg.pickle(Registered, _reduce_registered)
+    try:
+        assert _subclasses.reducer_for(Registered) is None
+        assert round_trip(Registered(a=1)) == {"via": "copyreg"}
+    finally:
+        del copyreg.dispatch_table[Registered]
+    assert round_trip([MISSING])[0] is MISSING  # a sentinel stays the module's object
+    with pytest.raises(tcc.CaptureError, match=r"Symbol.__new__ requires arguments that pickling does not pass"):
+        tcc.dumps(Symbol("a"))

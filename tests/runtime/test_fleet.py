@@ -561,6 +561,11 @@ def test_a_worker_started_before_its_database_waits_for_it(tmp_path: pathlib.Pat
         finally:
             store.close()
         assert worker.log().count("retrying every") == 1, worker.log()
+        # a server that answers no (no such database) is no outage: said, and the worker ends
+        wrong = PgStore(pg.url.rsplit("/", 1)[0] + "/no_such_database", pg.key_file)
+        proc = _tcc(wrong, "hostB", "worker", "--poll", "0.2", timeout=60)
+        assert proc.returncode == 1 and "no_such_database" in proc.stderr, proc.stderr
+        assert "retrying" not in proc.stderr
     finally:
         if worker is not None:
             worker.stop()

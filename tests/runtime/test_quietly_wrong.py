@@ -885,3 +885,9 @@ def test_subclasses_of_builtin_types_come_back_whole_after_a_crash(tmp_path):
     assert expected["price"] == ["12.50", "EUR"] and expected["maxlen"] == 3
     for after in (1, 3, 4):
         assert _killed_then_resumed(cli, f"s{after}", script, after=after) == expected
+    # a class whose __new__ wants an argument pickle never gives: refused while the run is
+    # live (every restore of it failed, for good), saying what to add
+    proc = cli.run("run", f"{script}:unpicklable_new")
+    assert proc.returncode == 1, proc.stderr
+    assert "Interned.__new__ requires arguments that pickling does not pass" in proc.stdout + proc.stderr
+    assert "define __getnewargs__" in proc.stdout + proc.stderr

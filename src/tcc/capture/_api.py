@@ -172,7 +172,8 @@ def _check_record(gen: Any, record: Any) -> tuple[tuple[Any, ...], str, str]:
         raise errors.CorruptSnapshotError(f"malformed frame record for {where}: bad name")
     try:
         # (the cell slots an inlined comprehension cleared at this point, from the analysis)
-        shadowed = _flow.shadowed_cells(code, offset) if state == _frames.SUSPENDED else None
+        shadowed = _flow.shadowed_cells(code, offset, len(slots)) \
+            if state == _frames.SUSPENDED and isinstance(slots, tuple) else None
         args = (gen, code, state, offset, slots, exc, _records.NULL, shadowed)
         _frames.native().check_frame(*args)
         # The native check bounds the stack; the flow analysis pins its exact

@@ -1164,6 +1164,15 @@ def _cleared_cells(info: _CodeInfo, point: _Point) -> dict[int, int]:
     saves the outer one's local, which may be NULL, above it)."""
     cells = set(info.code.co_cellvars)
     nfree = len(info.code.co_freevars)
+    # a slot the body makes a cell again (a comprehension whose own variable is a cell:
+    # MAKE_CELL after the prologue) is read as a cell inside it: never plain
+    remade: set[int] = set()
+    begun = False
+    for ins in info.instrs:
+        if ins.name == "RESUME":
+            begun = True
+        elif begun and ins.name == "MAKE_CELL":
+            remade.add(ins.arg)
     out: dict[int, int] = {}
     for pos, (index, _out) in enumerate(point.makers):
         if index < 0:
@@ -1172,25 +1181,27 @@ def _cleared_cells(info: _CodeInfo, point: _Point) -> dict[int, int]:
         if ins.name != "LOAD_FAST_AND_CLEAR" or not 0 <= ins.arg < info.nlocalsplus:
             continue
         slot = ins.arg
-        if info.names[slot] in cells or slot >= info.nlocalsplus - nfree:
+        if (info.names[slot] in cells or slot >= info.nlocalsplus - nfree) and slot not in remade:
             out.setdefault(slot, pos)
     return out
 
 
-def shadowed_cells(code: types.CodeType, offset: int) -> bytes | None:
-    """For ``tcc._native.check_frame``/``write_frame``: one flag per local slot, set for
-    the cell slots an inlined comprehension has cleared at suspension point ``offset``
-    (see :func:`_cleared_cells`); None if there are none."""
+def shadowed_cells(code: types.CodeType, offset: int, nslots: int) -> bytes | None:
+    """For ``tcc._native.check_frame``/``write_frame``, given a record of ``nslots``
+    slots: one flag per slot, 1 on each cell slot an inlined comprehension has cleared at
+    suspension point ``offset``, 2 on the stack slot keeping its cell (see
+    :func:`_cleared_cells`); None if there are none (or the stack is not as deep)."""
     info = _info(code)
     point = info.points.get(offset)
     if point is None:
         return None
     cleared = _cleared_cells(info, point)
-    if not cleared:
+    if not cleared or any(info.nlocalsplus + pos >= nslots for pos in cleared.values()):
         return None
-    flags = bytearray(info.nlocalsplus)
-    for slot in cleared:
+    flags = bytearray(nslots)
+    for slot, pos in cleared.items():
         flags[slot] = 1
+        flags[info.nlocalsplus + pos] = 2
     return bytes(flags)
 
 

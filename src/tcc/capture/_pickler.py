@@ -330,29 +330,18 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             return NotImplemented
         return handler(self, obj)
 
-    # cloudpickle hook: keep a dynamic function's closure cells *identical*, and its globals
-    # too when they are a namespace of the program's own (``exec(code, ns)``), not a module's.
+    # cloudpickle hook: keep a dynamic function's closure cells *identical*.
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         rv = super()._dynamic_function_reduce(func)
-        own_namespace = "__spec__" not in func.__globals__  # (a module's: cloudpickle's copy)
-        if func.__closure__ is None and not own_namespace:
+        if func.__closure__ is None:
             return rv
         maker, newargs, (state, slotstate), listitems, dictitems, setter = rv
-        code, base_globals, name, argdefs, fresh = newargs
-        if own_namespace:
-            # the namespace itself, shared with every function made in it and with the agent
-            # that holds it: a copy of the names the code uses took later writes nowhere
-            base_globals = func.__globals__
-            slotstate = dict(slotstate)
-            slotstate["__globals__"] = {}
-        closure = fresh
-        if func.__closure__ is not None:
-            slotstate = dict(slotstate)
-            slotstate["__closure__"] = None  # cloudpickle must not refill fresh cells
-            closure = func.__closure__
+        slotstate = dict(slotstate)
+        slotstate["__closure__"] = None  # cloudpickle must not refill fresh cells
+        code, base_globals, name, argdefs, _fresh = newargs
         return (
             maker,
-            (code, base_globals, name, argdefs, closure),
+            (code, base_globals, name, argdefs, func.__closure__),
             (state, slotstate),
             listitems,
             dictitems,
@@ -742,6 +731,8 @@ def _reduce_environ(pickler: Pickler, obj: Any) -> Any:
     put every variable (secrets included) into the snapshot and take later writes nowhere."""
     if obj is os.environ:
         return _records.process_environ, ()
+    if obj is getattr(os, "environb", None):
+        return _records.process_environ, (True,)
     return NotImplemented
 
 
@@ -789,6 +780,20 @@ def _classify(t: type) -> Callable[[Pickler, Any], Any] | None:
     if subclass is not None:
         base, kind = subclass
         return lambda _pickler, obj: _subclasses.reduce(kind, base, obj)
-    if _singletons.stateless_type(t):
+    stateless = _singletons.stateless_type(t)
+    if _subclasses.needs_new_arguments(t):
+        refusal = _Refusal(
+            f"{t.__qualname__}.__new__ requires arguments that pickling does not "
+            "pass, so it could never be made again at a restore; define __getnewargs__ "
+            "returning them (or __reduce__)")
+        if not stateless:
+            return refusal
+
+        def sentinel_or_refused(pickler: Pickler, obj: Any) -> Any:
+            got = _reduce_maybe_sentinel(pickler, obj)  # a sentinel a module binds: by name
+            return refusal(pickler, obj) if got is NotImplemented else got
+
+        return sentinel_or_refused
+    if stateless:
         return _reduce_maybe_sentinel
     return None

@@ -175,9 +175,10 @@ def fill_builtin_subclass(obj: Any, state: Any) -> None:
     fill(obj, state)
 
 
-def process_environ() -> Any:
-    """``os.environ`` of this process (a snapshot holds the name, never the variables)."""
-    return os.environ
+def process_environ(as_bytes: Any = False) -> Any:
+    """``os.environ`` (``os.environb`` if ``as_bytes``) of this process (a snapshot holds
+    the name, never the variables)."""
+    return getattr(os, "environb", os.environ) if as_bytes is True else os.environ
 
 
 def _where(code: types.CodeType) -> str:

@@ -81,14 +81,26 @@ from ._records import BUFFER_PID, LIST_REF_PID, NAMESPACE_PID, SEGMENTS_PID
 
 def namespace_pid(obj: Any) -> tuple[str, str] | None:
     """The persistent id of a module's namespace (``globals()`` held by the agent): the
-    module's name, so that a restore gives that module's namespace, not a copy."""
+    module's name, so that a restore gives that module's namespace, not a copy.  Not for
+    ``__main__`` (in a loading process that is another program) nor a module pickled by
+    value: those are copied, as before."""
     if type(obj) is dict and "__spec__" in obj:
         name = obj.get("__name__")
-        if type(name) is str:
+        if type(name) is str and name not in ("__main__", "__mp_main__") and not _by_value(name):
             module = sys.modules.get(name)
             if module is not None and getattr(module, "__dict__", None) is obj:
                 return (NAMESPACE_PID, name)
     return None
+
+
+def _by_value(name: str) -> bool:
+    """Whether cloudpickle writes module ``name``'s functions by value (registered with
+    ``cloudpickle.register_pickle_by_value``): a loading process need not have it, so
+    its namespace is copied, as before."""
+    import cloudpickle  # type: ignore[import-untyped]
+
+    registered = getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", ())
+    return any(name == m or name.startswith(m + ".") for m in registered)
 
 
 def namespace_hook() -> Any:

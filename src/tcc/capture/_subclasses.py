@@ -14,21 +14,26 @@ gave the class's defaults back, quietly.
 Here the instance is made by the base's ``__new__``, filled through the base's own
 methods, and given its attributes (its ``__getstate__``, as pickle would) last.  A class
 that defines its own pickling (``__reduce__``, ``__reduce_ex__``, ``__getnewargs__`` or
-``__getnewargs_ex__``: a ``NamedTuple``, an ``IntEnum``) is left to it.
+``__getnewargs_ex__``: a ``NamedTuple``, an ``IntEnum``; or a ``copyreg.pickle()``
+registration) is left to it.  A plain class whose own ``__new__`` requires arguments
+pickle never gives it is refused while the run is live (:func:`needs_new_arguments`),
+instead of failing at every restore.
 """
 
 from __future__ import annotations
 
 import collections
+import copyreg
 import datetime
 import decimal
 import fractions
 import random
+import types
 from typing import Any
 
 from .. import errors
 
-__all__ = ["fill", "rebuild", "reduce", "reducer_for"]
+__all__ = ["fill", "needs_new_arguments", "rebuild", "reduce", "reducer_for"]
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined by a class statement
 
@@ -80,32 +85,41 @@ def _new_needs_arguments(t: type) -> bool:
 
 def reducer_for(t: type) -> tuple[type, str] | None:
     """``(base, kind)`` if instances of ``t`` are rebuilt here: ``t`` is a class of the
-    program's (not the base itself, nor a C type) whose pickling is its base's; or a plain
-    class whose own ``__new__`` requires arguments pickle would not give it (made by
-    ``object.__new__``, its attributes then put back, as for any instance)."""
+    program's (not the base itself, nor a C type) whose pickling is its base's, with no
+    ``copyreg.pickle()`` registration of its own."""
     if not t.__flags__ & _HEAPTYPE:
         return None
     found = _base_of(t)
-    if found is None:
-        plain_new: Any = object.__new__
-        if not any(getattr(b, "__new__") is not plain_new for b in t.__mro__[1:-1] if not b.__flags__ & _HEAPTYPE) \
-                and _own(t, "__new__", object) and _new_needs_arguments(t):
-            found = (object, "object")
-        else:
-            return None
-    if found[0] is t:
+    if found is None or found[0] is t:
         return None
     base = found[0]
     for name in _PROTOCOL:
         if getattr(t, name, None) is not getattr(base, name, None):
             return None
+    for cls in t.__mro__[:t.__mro__.index(base)]:
+        if cls in copyreg.dispatch_table:  # a copyreg.pickle() registration says how
+            return None
+    new: Any = getattr(t, "__new__")
+    if new is not getattr(base, "__new__") and not isinstance(new, types.FunctionType):
+        return None  # a C class's own __new__ (an extension's heap type): not ours to bypass
     return found
+
+
+def needs_new_arguments(t: type) -> bool:
+    """Whether ``t`` is a plain class of the program whose own ``__new__`` requires
+    arguments and which says nothing of them to pickle (no ``__getnewargs__``, no
+    ``__reduce__``): pickle's default, ``cls.__new__(cls)``, could never make one again
+    (nor can tcc: such a ``__new__`` may intern, and a bypass would split identities)."""
+    if not t.__flags__ & _HEAPTYPE or _base_of(t) is not None or t in copyreg.dispatch_table:
+        return False
+    if any(getattr(t, name, None) is not getattr(object, name, None) for name in _PROTOCOL):
+        return False
+    return _own(t, "__new__", object) and _new_needs_arguments(t)
 
 
 _VALUE: dict[type, Any] = {str: str.__str__, bytes: bytes.__bytes__, int: int.__int__, float: float.__float__,
           complex: complex.__complex__, tuple: lambda obj: tuple(tuple.__iter__(obj))}
-_OBJECT_NEW: Any = object.__new__
-_MUTABLE = ("dict", "odict", "list", "set", "deque", "random", "object")
+_MUTABLE = ("dict", "odict", "list", "set", "deque", "random")
 
 
 def _made_with(base: type, kind: str, obj: Any) -> Any:
@@ -121,8 +135,8 @@ def _made_with(base: type, kind: str, obj: Any) -> Any:
         return decimal.Decimal.__str__(obj)
     if kind == "fraction":
         return (obj.numerator, obj.denominator)
-    if kind == "reduce":  # the base's own reduction: (cls, args)
-        reduced: Any = getattr(base, "__reduce__")(obj)
+    if kind == "reduce":  # the base's own reduction: (cls, args), fold included (protocol 4)
+        reduced: Any = getattr(base, "__reduce_ex__")(obj, 4)
         return tuple(reduced[1])
     read: Any = _VALUE[base]
     return read(obj)
@@ -184,8 +198,6 @@ def rebuild(cls: Any, kind: Any, made_with: Any) -> Any:
             return obj
         if kind == "random":
             return random.Random.__new__(cls)
-        if kind == "object":  # (its own __new__ wants arguments the snapshot does not have)
-            return object.__new__(cls)
         if kind == "fraction":
             return fractions.Fraction.__new__(cls, *made_with)
         if kind == "reduce":
@@ -203,7 +215,9 @@ def fill(obj: Any, state: Any) -> None:
         raise errors.CorruptSnapshotError("malformed subclass state in the snapshot")
     content, attrs = state
     t = type(obj)
-    found = _base_of(t) or (object, "object")
+    found = _base_of(t)
+    if found is None:
+        raise errors.CorruptSnapshotError("malformed subclass state in the snapshot")
     base, kind = found
     try:
         if kind == "dict":
@@ -239,8 +253,7 @@ def fill(obj: Any, state: Any) -> None:
 def _checked(cls: Any, kind: Any) -> type:
     if not isinstance(cls, type) or not isinstance(kind, str):
         raise errors.CorruptSnapshotError("malformed subclass instance in the snapshot")
-    found = _base_of(cls) or ((object, "object") if kind == "object" and cls.__flags__ & _HEAPTYPE
-                              and getattr(cls, "__new__") is not _OBJECT_NEW else None)
+    found = _base_of(cls)
     if found is None or found[1] != kind:
         raise errors.IncompatibleSnapshotError(
             f"snapshot holds a {cls.__module__}.{cls.__qualname__} as a subclass of a "

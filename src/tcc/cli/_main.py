@@ -596,7 +596,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 def _code_flags(store: Any, runs: list[Any]) -> dict[str, str]:
     """For each unfinished run whose files changed since it recorded them: what a resume
     does about it (its ``--on-code-change`` policy), e.g. ``refuse``: it needs a decision."""
-    from ..runtime import code_state
+    from ..runtime import awaiting_decision, code_state
     from ..store import FINAL_STATUSES
 
     flags = {}
@@ -604,11 +604,15 @@ def _code_flags(store: Any, runs: list[Any]) -> dict[str, str]:
         if run.status in FINAL_STATUSES:
             continue
         try:
-            state = code_state(store.events(run.run_id), run.status)
+            events = store.events(run.run_id)
+            state = code_state(events, run.status)
+            if state is not None and state["changed"]:
+                policy = state["policy"]
+                # under refuse, a run already on its recorded code has had its decision
+                flags[run.run_id] = "pinned" if policy == "refuse" and not awaiting_decision(events) \
+                    else policy
         except Exception:  # noqa: BLE001 - advisory: a damaged trail is said by `tcc show`
             continue
-        if state is not None and state["changed"]:
-            flags[run.run_id] = state["policy"]
     return flags
 
 

@@ -19,6 +19,7 @@ from ._operations import signal as signal
 from ._pinning import CODE_POLICIES as CODE_POLICIES
 from ._runs import STRATEGIES as STRATEGIES
 from ._runs import resume as resume
+from ._pinning import awaiting_decision as awaiting_decision
 from ._runs import check_retry as check_retry
 from ._runs import retry as retry
 from ._runs import reusable_run as reusable_run
@@ -102,6 +103,7 @@ __all__ = [
     "WAIT_EFFECT",
     "Worker",
     "answer",
+    "awaiting_decision",
     "cancel",
     "check_retry",
     "decode_error",

@@ -48,7 +48,7 @@ from ..store import Store
 from . import _scripts
 from ._globals import _in_site_packages, _real_path
 
-__all__ = ["CODE_EVENT", "CODE_MODES", "CODE_POLICIES", "DEFAULT_POLICY", "policy_of", "CodeRecorder", "PinnedCode", "manifest_of", "project_root"]
+__all__ = ["CODE_EVENT", "CODE_MODES", "CODE_POLICIES", "DEFAULT_POLICY", "awaiting_decision", "policy_of", "CodeRecorder", "PinnedCode", "manifest_of", "project_root"]
 
 CODE_EVENT = "code"
 CODE_MODES = ("current", "pinned", "upgrade")  # what ``tcc resume --code`` accepts
@@ -112,6 +112,19 @@ def manifest_of(events: Any) -> Manifest:
             if isinstance(name, str):
                 manifest.pop(name, None)  # its last recorded source is not what ran
     return manifest
+
+
+def awaiting_decision(events: Any) -> list[str]:
+    """The changed modules of a run whose ``refuse`` policy makes it wait for a person (its
+    recorded files differ from the current ones), or ``[]``: the same answer for `tcc
+    resume`, the worker and `tcc ls`.  A run already on its recorded code (a fork taken on
+    it, a `--code pinned` resume) has had its decision and stays on that code."""
+    if policy_of(events) != "refuse":
+        return []
+    manifest = manifest_of(events)
+    if not manifest or any(name.startswith(PINNED_PREFIX) for name in manifest):
+        return []
+    return changed_files(manifest)
 
 
 def policy_of(events: Any) -> str:

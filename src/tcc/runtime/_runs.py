@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from .. import errors
-from ..capture import PINNED_PREFIX, load_payload, native_available, process_modules, set_process_modules, unseal
+from ..capture import load_payload, native_available, process_modules, set_process_modules, unseal
 from ..store import (FINAL_STATUSES, FINISHED_STATUSES, HOST, PARKED_STATUSES, RETURNED_STATUSES, RunInfo,
                      Store)
 from . import _scripts
@@ -23,7 +23,7 @@ from ._markers import SLEEP_EFFECT, SPAWN_EFFECT, WAIT_EFFECT, executed as _exec
 from ._outcome import decode_child
 from ._parking import Parked
 from ._pinning import (CODE_MODES, CODE_POLICIES, DEFAULT_POLICY, CodeRecorder, Manifest, PinnedCode,
-                       changed_files, manifest_of, policy_of, project_root)
+                       awaiting_decision, changed_files, manifest_of, policy_of, project_root)
 from ._state import Resumption, unpack_state
 
 STRATEGIES = ("continuation", "replay", "hybrid")
@@ -142,7 +142,7 @@ def _entry_function(entry: str, pinned: PinnedCode) -> Any:
 
 def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
                on_notice: Callable[[str], None] | None, claimed_epoch: int | None = None,
-               ) -> tuple[str, Manifest | None, bool, int | None]:
+               retrying: bool = False) -> tuple[str, Manifest | None, bool, int | None]:
     """``code``, or what the run's policy makes of a change of its files: ``pinned``
     (continue on the recorded code), ``current`` (refuse a changed frame; or, under the
     ``upgrade`` policy, after moving the run onto the current code); the run's manifest if
@@ -164,9 +164,9 @@ def _code_mode(store: Store, run: RunInfo, strategy: str, code: str | None,
     if policy == "refuse":
         # any change, in a suspended frame or not, waits for a person; a run already on its
         # recorded code (a fork taken on it after an edit, a decision made before) stays on it
-        changed = [] if any(n.startswith(PINNED_PREFIX) for n in manifest) else changed_files(manifest)
+        changed = awaiting_decision(events)
         if changed:
-            verb = "retry" if run.status == "failed" else "resume"
+            verb = "retry" if retrying else "resume"
             raise errors.CodeChangedError(
                 f"run {run.run_id}: its code changed since it recorded it "
                 f"({', '.join(_scripts.script_display_name(n) for n in changed)}) and its policy "
@@ -654,7 +654,7 @@ def resume(
     # the usage errors of loading it, before the claim.
     asked = code
     code, known, upgrade_next, claimed_epoch = _code_mode(store, run, strategy, code, on_notice,
-                                                          claimed_epoch)
+                                                          claimed_epoch, retry_failed)
     pinned = PinnedCode(store, run_id, known, pin=code == "pinned")
     if code == "pinned" and strategy != "replay":
         _check_pinnable(run, strategy, pinned)

@@ -39,7 +39,7 @@ from .._proc import pid_alive, proc_stat
 from ..errors import RunNotFoundError, StoreConnectionError, StoreCorruptError
 from ..store import FINISHED_STATUSES, HOST, LIVE_STATUSES, RunInfo, Store
 from ._markers import executed
-from ._pinning import changed_files, manifest_of, policy_of
+from ._pinning import awaiting_decision
 from ._scripts import script_display_name
 
 if TYPE_CHECKING:
@@ -140,7 +140,21 @@ def unstarted_fork(run: RunInfo, store: Store | None = None) -> bool:
         return False
     if run.epoch == 1:
         return True
-    return store is not None and not executed(store.events(run.run_id))
+    if store is None:
+        return False
+    # fixed for an epoch (a resume claims a new one); the run's creation time tells a run
+    # deleted and made again under the same id
+    key = (str(getattr(store, "path", id(store))), store.tenant, run.run_id, run.epoch, run.created)
+    known = _FORK_VERDICTS.get(key)
+    if known is None:
+        if len(_FORK_VERDICTS) >= 1024:
+            _FORK_VERDICTS.clear()
+        known = _FORK_VERDICTS[key] = not executed(store.events(run.run_id))
+    return known
+
+
+# (store, run id, epoch) -> whether that fork is unstarted: a worker asks at every poll
+_FORK_VERDICTS: dict[tuple[str, str, str, int, float], bool] = {}
 
 
 def due(store: Store, run: RunInfo, now: float) -> str | None:
@@ -498,11 +512,7 @@ class Worker:
     def _undecided(self, run_id: str) -> bool:
         """Whether the run's files changed and its policy is ``refuse``: a resume would
         only be refused again, so the run waits for a person (said once, and in `tcc ls`)."""
-        events = self.store.events(run_id)
-        if policy_of(events) != "refuse":
-            self.waiting_decision.pop(run_id, None)
-            return False
-        changed = changed_files(manifest_of(events))
+        changed = awaiting_decision(self.store.events(run_id))
         if not changed:
             self.waiting_decision.pop(run_id, None)
             return False

@@ -358,7 +358,14 @@ class PgStore:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10,
                                    application_name="tcc")
         except psycopg.Error as exc:
-            raise StoreConnectionError(
+            # The server saying no (a wrong password, no such database or role: libpq's
+            # "FATAL:" at connection start, with no SQLSTATE) is no outage, which a worker
+            # would wait out; no answer, or a server starting up, shutting down or full, is.
+            text = str(exc)
+            refused = "FATAL:" in text and not any(
+                busy in text for busy in ("the database system is", "too many clients",
+                                          "too many connections", "remaining connection slots"))
+            raise (StoreError if refused else StoreConnectionError)(
                 f"cannot connect to the PostgreSQL store {self.path}: {_reason(exc)}") from None
         try:
             self._check_schema(psycopg, conn, create)

@@ -72,8 +72,11 @@ class _Call:
         if type(value) in ATOMS or type(value) is complex:
             return value
         blob = dump_payload(value)  # a result a run could not journal fails here too
-        with reusing_live_resources():  # a tcc.resource in it stays the live one
-            return load_payload(blob)
+        try:
+            with reusing_live_resources():  # a tcc.resource in it stays the live one
+                return load_payload(blob)
+        except Exception:  # noqa: BLE001 - it pickles but does not load: as a run does
+            return value  # (the object as it is; a resume would fail on the journal)
 
     def _current(self, attempt: int) -> Current:
         return Current(self.run_id, self.effect.public_name, self.key, attempt)

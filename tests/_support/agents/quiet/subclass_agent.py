@@ -1,8 +1,8 @@
-"""The program's own subclasses of built-in value types, and a class whose __new__ takes an
-argument, held across effects: pickle's default rebuilt them through the base's reduction,
-which calls the subclass's __init__/__new__ with the base's arguments (a TagSet(owner) lost
-its items, an LRU(capacity) could not be made at all) or left its attributes out (a Money
-came back without its currency)."""
+"""The program's own subclasses of built-in value types held across effects: pickle's default
+rebuilt them through the base's reduction, which calls the subclass's __init__/__new__ with
+the base's arguments (a TagSet(owner) lost its items, an LRU(capacity) could not be made at
+all) or left its attributes out (a Money came back without its currency).  A class whose
+__new__ takes an argument says so with __getnewargs__."""
 import collections
 import decimal
 import random
@@ -55,6 +55,9 @@ class Symbol:
         obj.name = name
         return obj
 
+    def __getnewargs__(self):  # (without it, tcc refuses a Symbol while the run is live)
+        return (self.name,)
+
 
 async def main():
     cache, tags, recent, dice = LRU(3), TagSet("alice"), Recent("recent"), Dice(7, "planner")
@@ -73,3 +76,18 @@ async def main():
     return {"cache": list(cache.items()), "tags": sorted(tags), "owner": tags.owner,
             "recent": list(recent), "label": recent.label, "maxlen": recent.maxlen,
             "rolls": rolls, "tag": dice.tag, "price": [str(price), price.currency], "sym": sym.name}
+
+
+class Interned:
+    """__new__ takes a name and nothing tells pickle: refused while the run is live."""
+
+    def __new__(cls, name):
+        obj = super().__new__(cls)
+        obj.name = name
+        return obj
+
+
+async def unpicklable_new():
+    kept = Interned("x")
+    await fetch(1)
+    return kept.name
