@@ -136,7 +136,7 @@ def make_transfer_key(path: str | os.PathLike[str]) -> bool:
     created.  Written in full under a temporary name, then linked into place (which fails
     if the name exists), so no reader ever sees a half-written key."""
     return write_key_file(os.fspath(path), f"the transfer key file {os.fspath(path)}",
-                          error=errors.UsageError)
+                          error=errors.UsageError, make_folder=True)
 
 
 def key_id(key: bytes) -> str:

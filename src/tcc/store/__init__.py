@@ -241,13 +241,14 @@ def read_secret_file(path: str, name: str, *, unreadable: type[Exception] | None
     return read(path, name, unreadable=unreadable or StoreError)
 
 
-def write_key_file(path: str, name: str, *, error: type[Exception] | None = None) -> bool:
+def write_key_file(path: str, name: str, *, error: type[Exception] | None = None,
+                   make_folder: bool = False) -> bool:
     """Create ``path`` with a new random key (64 hex digits, mode 0600) unless it exists;
     True if created (never half-written: see ``_crypt.write_key_file``)."""
     from ..errors import StoreError
     from ._crypt import write_key_file as write
 
-    return write(path, name, error=error or StoreError)
+    return write(path, name, error=error or StoreError, make_folder=make_folder)
 
 
 def _make_key_file(path: str) -> bool:

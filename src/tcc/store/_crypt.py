@@ -187,13 +187,14 @@ def read_secret_file(path: str, name: str, *, unreadable: type[Exception] = Stor
         os.close(fd)
 
 
-def write_key_file(path: str, name: str, *, error: type[Exception] = StoreError) -> bool:
+def write_key_file(path: str, name: str, *, error: type[Exception] = StoreError,
+                   make_folder: bool = False) -> bool:
     """Create ``path`` with a new random key (64 hex digits, mode 0600) unless it exists;
     True if created.  ``name``: how messages call it; ``error``: what a failure raises.
 
     Written in full under a temporary name (mkstemp: mode 0600), then linked into place,
     which fails if the name exists: a process racing this one never reads a key file that
-    is still empty.  A missing folder is made (mode 0700)."""
+    is still empty.  ``make_folder``: a missing folder is made (mode 0700)."""
     import secrets
     import tempfile
 
@@ -201,7 +202,7 @@ def write_key_file(path: str, name: str, *, error: type[Exception] = StoreError)
         return False
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        if not os.path.isdir(folder):  # (~/.tcc/transfer.key on a machine without ~/.tcc)
+        if make_folder and not os.path.isdir(folder):  # (~/.tcc/transfer.key, a new machine)
             os.makedirs(folder, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tcc-key-", dir=folder)
     except OSError as exc:
