@@ -768,10 +768,11 @@ def test_a_comprehension_variable_that_is_a_cell_itself_must_stay_a_cell():
     assert shadowed is None or shadowed[slot] != 1
     forced = bytearray(len(bad))
     forced[slot] = 1  # even told so, the native check refuses: the body remakes the cell
-    nlp = nlocalsplus(code)
-    kept = [i for i in range(nlp, len(bad)) if type(bad[i]) is types.CellType]
-    assert kept  # the outer cell the comprehension saved
-    forced[kept[0]] = 2
+    if PY312:  # (3.11 runs a comprehension in a function of its own: nothing is saved)
+        nlp = nlocalsplus(code)
+        kept = [i for i in range(nlp, len(bad)) if type(bad[i]) is types.CellType]
+        assert kept  # the outer cell the comprehension saved
+        forced[kept[0]] = 2
     target = _frames.fresh_generator(func)
     for flags in (shadowed, bytes(forced)):
         with pytest.raises(ValueError, match="must hold a cell"):
