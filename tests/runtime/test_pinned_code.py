@@ -577,17 +577,24 @@ def test_effect_names_are_the_projects_on_the_recorded_code_too(tmp_path):
     assert {c["name"] for c in cli.show("n")["calls"]} == {"__tcc_script_agent:slow"}
 
 
+def _killed_in_call_then_edited(tmp_path, run_id, *options, calls="4"):
+    """The in-flight project run as ``run_id`` and SIGKILLed inside call 2, then its helper
+    edited (x10 -> x100): (cli, script)."""
+    script = _in_flight_project(tmp_path)
+    cli = Cli(tmp_path, KILL_IN="2", MARK=str(tmp_path / "mark"))
+    proc = cli.run("run", "--run-id", run_id, *options, str(script), calls)
+    assert proc.returncode == -9, proc.stderr
+    helpers = script.with_name("helpers.py")
+    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    return cli, script
+
+
 def test_the_upgrade_policy_moves_a_run_killed_in_a_call_after_its_next_snapshot(tmp_path):
     """Under --on-code-change upgrade, a run killed inside a call that follows its newest
     snapshot could not be upgraded (the call belongs to the old code's frame), and every
     resume, and every worker attempt, failed for ever.  It now continues on its recorded
     code until its next snapshot, then moves onto the current code, in one `tcc resume`."""
-    script = _in_flight_project(tmp_path)
-    cli = Cli(tmp_path, KILL_IN="2", MARK=str(tmp_path / "mark"))
-    proc = cli.run("run", "--run-id", "u", "--on-code-change", "upgrade", str(script), "4")
-    assert proc.returncode == -9, proc.stderr
-    helpers = script.with_name("helpers.py")
-    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    cli, _script = _killed_in_call_then_edited(tmp_path, "u", "--on-code-change", "upgrade")
     proc = cli.run("resume", "--json", "u")
     # call 2 is settled on the recorded code, which snapshots at its await; everything after
     # that snapshot runs on the current helpers (x100), as after any upgrade at that point
@@ -603,12 +610,7 @@ def test_resume_code_upgrade_moves_a_pinned_run_killed_in_a_call(tmp_path):
     the new code at all: `tcc upgrade` was refused (the call belongs to the old frame), its
     advice named a policy the run did not have, and `--code current` was refused too.
     `tcc resume --code upgrade` does for one resume what the upgrade policy does."""
-    script = _in_flight_project(tmp_path)
-    cli = Cli(tmp_path, KILL_IN="2", MARK=str(tmp_path / "mark"))
-    proc = cli.run("run", "--run-id", "p", str(script), "4")
-    assert proc.returncode == -9, proc.stderr
-    helpers = script.with_name("helpers.py")
-    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    cli, _script = _killed_in_call_then_edited(tmp_path, "p")
     refused = cli.run("upgrade", "p")
     assert refused.returncode != 0 and "`tcc resume --code upgrade p`" in refused.stdout + refused.stderr
     proc = cli.run("resume", "--json", "--code", "upgrade", "p")
@@ -621,12 +623,7 @@ def test_a_run_the_upgrade_policy_moved_stays_on_the_current_code_after_another_
     had the recorded modules loaded, and its later snapshots named them again: killed after
     the upgrade (or parked and resumed), the run went back to the old code, quietly (or, with
     its entry function edited, could never be restored again)."""
-    script = _in_flight_project(tmp_path)
-    cli = Cli(tmp_path, KILL_IN="2", MARK=str(tmp_path / "mark"))
-    proc = cli.run("run", "--run-id", "u", "--on-code-change", "upgrade", str(script), "6")
-    assert proc.returncode == -9, proc.stderr
-    helpers = script.with_name("helpers.py")
-    helpers.write_text(helpers.read_text().replace("v * 10", "v * 100"))
+    cli, _script = _killed_in_call_then_edited(tmp_path, "u", "--on-code-change", "upgrade", calls="6")
     killer = Cli.__new__(Cli)
     killer.store, killer.env = cli.store, dict(cli.env, TCC_TEST_KILL_AFTER="2")
     # call 2 on the recorded code (the first leg's only step), the upgrade, then calls 3 and 4

@@ -127,12 +127,7 @@ def module_attribute(module_name: Any, name: Any, cls: Any = None) -> Any:
     by value gave)."""
     if type(module_name) is not str or type(name) is not str or (cls is not None and not isinstance(cls, type)):
         raise errors.CorruptSnapshotError("malformed module attribute in the snapshot")
-    try:
-        module = import_module(module_name)
-    except ImportError as exc:
-        raise errors.IncompatibleSnapshotError(
-            f"snapshot refers to {module_name}.{name}, and module {module_name} cannot be imported "
-            f"here ({exc})") from None
+    module = _named_module(module_name, f"{module_name}.{name}")
     try:
         value = getattr(module, name)
     except AttributeError as exc:
@@ -152,13 +147,18 @@ def module_namespace(module_name: Any) -> dict[str, Any]:
     """The namespace (``globals()``) of module ``module_name`` as this process imports it."""
     if type(module_name) is not str:
         raise errors.CorruptSnapshotError("malformed module namespace in the snapshot")
+    return vars(_named_module(module_name, f"the globals() of {module_name}"))
+
+
+def _named_module(module_name: str, what: str) -> types.ModuleType:
+    """:func:`import_module` for ``what`` a snapshot names in module ``module_name``; a
+    module that cannot be imported here is an IncompatibleSnapshotError saying so."""
     try:
-        module = import_module(module_name)
+        return import_module(module_name)
     except ImportError as exc:
         raise errors.IncompatibleSnapshotError(
-            f"snapshot refers to the globals() of module {module_name}, which cannot be imported "
+            f"snapshot refers to {what}, and module {module_name} cannot be imported "
             f"here ({exc})") from None
-    return vars(module)
 
 
 def builtin_subclass(cls: Any, kind: Any, made_with: Any) -> Any:
